@@ -1,0 +1,1 @@
+"""inference_svc package."""

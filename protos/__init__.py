@@ -1,0 +1,5 @@
+"""The streamrag gRPC contracts (package `streamrag.v1`) and their generated stubs.
+
+The .proto files here are the contract documentation; the *_pb2*.py files are
+generated from them by `python -m protos.generate` and committed.
+"""

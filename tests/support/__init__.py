@@ -1,0 +1,1 @@
+"""Helpers shared by test suites: private Redis servers, tiny corpora, free ports."""
