@@ -1,0 +1,1 @@
+"""The native inference engine: scheduler, KV pools, model runner, sampler."""

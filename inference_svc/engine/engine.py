@@ -1,0 +1,332 @@
+"""The streaming engine: requests in, events out, one `step()` at a time.
+
+    engine = Engine(runner, tokenizer, EngineConfig(policy="lcas"))
+    engine.open("q1", [Segment(text=instructions)], SamplingParams(max_tokens=64))
+    engine.append("q1", [Segment(text=doc, key="doc-7")])   # prefilled as it arrives
+    engine.update("q1", [...])                                # KV kept up to the token LCP
+    engine.finish("q1", [Segment(text=suffix)])                # decoding may start
+    while engine.has_unfinished():
+        for event in engine.step(): ...
+
+The engine is single-threaded: callers serialize `open/append/update/finish/abort/step`
+(the gRPC service owns a thread that does). Errors in caller input raise `EngineInputError`
+subclasses and change nothing.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import torch
+
+from inference_svc.engine.cost_model import CostModel
+from inference_svc.engine.events import EngineEvent, EventKind
+from inference_svc.engine.kv_manager import KVCacheManager, blocks_for
+from inference_svc.engine.model_runner import ChunkInput
+from inference_svc.engine.policies import make_policy
+from inference_svc.engine.request import FinishReason, Request, RequestState, Segment
+from inference_svc.engine.sampler import Sampler, SamplingParams, make_generator
+from inference_svc.engine.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
+from inference_svc.engine.tokenization import SegmentTokenizer
+
+
+class EngineInputError(ValueError):
+    """The caller asked for something invalid; nothing changed."""
+
+
+class UnknownRequestError(EngineInputError):
+    pass
+
+
+class DuplicateRequestError(EngineInputError):
+    pass
+
+
+class PromptTooLongError(EngineInputError):
+    pass
+
+
+class Runner(Protocol):
+    """What the engine needs from a model runner (the real one, or a fake in scheduler tests)."""
+
+    eos_token_ids: Sequence[int]
+    config: Any          # needs .max_position_embeddings
+    device: torch.device
+
+    def execute(self, chunks: list[ChunkInput]) -> torch.Tensor: ...
+    def swap_out(self, pairs: list[tuple[int, int]]) -> None: ...
+    def swap_in(self, pairs: list[tuple[int, int]]) -> None: ...
+    def copy_blocks(self, pairs: list[tuple[int, int]]) -> None: ...
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    num_device_blocks: int = 1024
+    num_cpu_blocks: int = 1024
+    block_size: int = 16
+    token_budget: int = 2048
+    max_running: int = 256
+    policy: str = "default"
+    policy_options: dict = field(default_factory=dict)
+    eviction: str = "cost"
+    enable_prefix_cache: bool = True
+    max_model_len: int | None = None   # default: the model's max positions
+
+
+@dataclass
+class EngineCounters:
+    requests_received: int = 0
+    requests_finished: int = 0
+    requests_aborted: int = 0
+    prompt_tokens_computed: int = 0
+    generated_tokens: int = 0
+    tokens_invalidated: int = 0
+    preemptions_swap: int = 0
+    preemptions_recompute: int = 0
+    prefix_cache_hit_tokens: int = 0
+    steps: int = 0
+
+
+class Engine:
+    def __init__(self, runner: Runner, tokenizer: SegmentTokenizer, config: EngineConfig = EngineConfig(),
+                 cost_model: CostModel | None = None, clock: Callable[[], float] = time.monotonic) -> None:
+        self.runner = runner
+        self.tokenizer = tokenizer
+        self.config = config
+        self.clock = clock
+        model_len = runner.config.max_position_embeddings
+        self.max_model_len = min(config.max_model_len or model_len, model_len)
+        self.kv = KVCacheManager(config.num_device_blocks, config.num_cpu_blocks, config.block_size,
+                                 config.enable_prefix_cache)
+        self.cost_model = cost_model or CostModel.builtin()
+        self.policy = make_policy(config.policy, **config.policy_options)
+        self.scheduler = Scheduler(SchedulerConfig(config.token_budget, config.max_running, config.eviction),
+                                   self.policy, self.kv, self.cost_model, clock)
+        self.sampler = Sampler()
+        self.counters = EngineCounters()
+        self.requests: dict[str, Request] = {}
+        self._generators: dict[str, torch.Generator | None] = {}
+        self._text: dict[str, str] = {}
+        self._events: list[EngineEvent] = []
+
+    # --- caller input ---------------------------------------------------------------
+    def open(self, request_id: str, segments: Sequence[Segment], sampling: SamplingParams,
+             priority: int = 0) -> Request:
+        if not request_id:
+            raise EngineInputError("request id must not be empty")
+        if request_id in self.requests:
+            raise DuplicateRequestError(f"request {request_id!r} already exists")
+        try:
+            sampling.validate()
+        except ValueError as exc:
+            raise EngineInputError(str(exc)) from exc
+        now = self.clock()
+        request = Request(request_id, sampling, now, priority, head_segments=list(segments))
+        self._set_prompt(request, self.tokenizer.encode_all(segments))
+        request.num_head_tokens = request.num_prompt_tokens
+        self.requests[request_id] = request
+        self.scheduler.add(request)
+        self._generators[request_id] = make_generator(sampling, self.runner.device)
+        self.counters.requests_received += 1
+        self._emit(request, EventKind.QUEUED)
+        return request
+
+    def append(self, request_id: str, segments: Sequence[Segment]) -> None:
+        """Add segments at the end of the context (the computed KV stays valid)."""
+        request = self._open_request(request_id, "append")
+        self._set_prompt(request, request.prompt_token_ids + self.tokenizer.encode_all(segments))
+        request.context_segments.extend(segments)
+        self._input_arrived(request)
+
+    def update(self, request_id: str, segments: Sequence[Segment]) -> None:
+        """Replace the context (not the head); keep KV up to the token LCP."""
+        request = self._open_request(request_id, "update")
+        new_tokens = request.prompt_token_ids[:request.num_head_tokens] + self.tokenizer.encode_all(segments)
+        self._check_fits(request, new_tokens)
+        lcp = lcp_length(request.prompt_token_ids, new_tokens)
+        valid = min(lcp, request.num_computed_tokens)
+        invalidated = request.num_computed_tokens - valid
+        request.prompt_token_ids = new_tokens
+        request.context_segments = list(segments)
+        copies = self.kv.truncate(request_id, valid)
+        if copies:
+            self.runner.copy_blocks(copies)
+        request.num_computed_tokens = self.kv.valid_tokens_after_truncate(request_id, valid)
+        invalidated += valid - request.num_computed_tokens
+        if invalidated:
+            request.stats.tokens_invalidated += invalidated
+            self.counters.tokens_invalidated += invalidated
+            self._emit(request, EventKind.INVALIDATED, count=invalidated)
+        self._input_arrived(request)
+
+    def finish(self, request_id: str, suffix: Sequence[Segment] = ()) -> None:
+        """No more input: append the suffix and let the request decode."""
+        request = self._open_request(request_id, "finish")
+        tokens = request.prompt_token_ids + self.tokenizer.encode_all(suffix)
+        if not tokens:
+            raise EngineInputError("the prompt is empty")
+        self._set_prompt(request, tokens)
+        request.suffix_segments = list(suffix)
+        request.context_complete = True
+        self._input_arrived(request)
+
+    def abort(self, request_id: str) -> None:
+        request = self.requests.get(request_id)
+        if request is None or request.is_finished:
+            return
+        self.counters.requests_aborted += 1
+        self._finish(request, FinishReason.ABORT)
+
+    # --- stepping -------------------------------------------------------------------
+    def has_unfinished(self) -> bool:
+        return any(not r.is_finished for r in self.requests.values())
+
+    def has_work(self) -> bool:
+        return bool(self._events) or any(r.is_runnable for r in self.requests.values())
+
+    def step(self) -> list[EngineEvent]:
+        """Schedule, move KV, run one forward pass, sample; returns the events since the last step."""
+        out = self.scheduler.schedule()
+        self._note_scheduling(out)
+        if out.block_moves:
+            started = time.perf_counter()
+            for direction, pairs in out.block_moves:
+                (self.runner.swap_out if direction == "out" else self.runner.swap_in)(pairs)
+            blocks = sum(len(pairs) for _, pairs in out.block_moves)
+            self.cost_model.observe_swap(blocks, (time.perf_counter() - started) * 1e3)
+        if out.chunks:
+            self._run(out)
+        self.counters.steps += 1
+        events, self._events = self._events, []
+        return events
+
+    def _run(self, out: SchedulerOutput) -> None:
+        inputs = []
+        for chunk in out.chunks:
+            request = chunk.request
+            tokens = request.token_ids[chunk.start:chunk.start + chunk.num_tokens]
+            inputs.append(ChunkInput(tokens, chunk.start, tuple(self.kv.device_table(request.request_id)),
+                                     chunk.wants_logits))
+        started = time.perf_counter()
+        logits = self.runner.execute(inputs)
+        if all(not chunk.request.is_decoding for chunk in out.chunks):
+            self.cost_model.observe_prefill(out.num_tokens, (time.perf_counter() - started) * 1e3)
+        sampling = [c for c in out.chunks if c.wants_logits]
+        tokens = self.sampler.sample(logits, [c.request.sampling for c in sampling],
+                                     [self._generators[c.request.request_id] for c in sampling]) if sampling else []
+        for chunk in out.chunks:
+            request = chunk.request
+            request.num_computed_tokens += chunk.num_tokens
+            request.stats.tokens_computed += chunk.num_tokens
+            if not request.is_decoding:
+                self.counters.prompt_tokens_computed += chunk.num_tokens
+            self.kv.register_computed(request.request_id, request.token_ids, request.num_computed_tokens)
+            if not chunk.wants_logits and request.num_pending_tokens == 0:
+                self._emit(request, EventKind.KV_ON_GPU, count=request.num_computed_tokens)
+        for chunk, token in zip(sampling, tokens, strict=True):
+            self._accept_token(chunk.request, token)
+
+    def _accept_token(self, request: Request, token: int) -> None:
+        first = not request.output_token_ids
+        if first:
+            self._emit(request, EventKind.KV_ON_GPU, count=request.num_computed_tokens)
+        request.output_token_ids.append(token)
+        self.counters.generated_tokens += 1
+        now = self.clock()
+        if first:
+            request.stats.first_token_time = now
+            self._emit(request, EventKind.FIRST_TOKEN)
+        params = request.sampling
+        stop = (token in params.stop_token_ids) or (not params.ignore_eos and token in self.runner.eos_token_ids)
+        text = "" if stop else self._text_delta(request)
+        self._emit(request, EventKind.TOKEN, token_id=token, text=text)
+        if stop:
+            self._finish(request, FinishReason.STOP)
+        elif len(request.output_token_ids) >= params.max_tokens or not self._room_to_grow(request):
+            self._finish(request, FinishReason.LENGTH)
+
+    def _text_delta(self, request: Request) -> str:
+        text = self.tokenizer.decode(request.output_token_ids)
+        if text.endswith("\ufffd"):   # an incomplete UTF-8 sequence: wait for the next token
+            return ""
+        previous = self._text.get(request.request_id, "")
+        self._text[request.request_id] = text
+        return text[len(previous):] if text.startswith(previous) else text
+
+    def _room_to_grow(self, request: Request) -> bool:
+        next_len = request.num_tokens + 1
+        return next_len <= self.max_model_len and blocks_for(next_len, self.kv.block_size) <= self.kv.device.num_blocks
+
+    def _note_scheduling(self, out: SchedulerOutput) -> None:
+        for request in out.newly_scheduled:
+            self._emit(request, EventKind.SCHEDULED)
+        for request in out.swapped_in:
+            self._emit(request, EventKind.KV_ON_GPU, count=request.num_computed_tokens, detail="swapped in")
+        self.counters.prefix_cache_hit_tokens += sum(out.prefix_hits.values())
+        for p in out.preempted:
+            kind = EventKind.PREEMPTED_SWAP if p.kind == "swap" else EventKind.PREEMPTED_RECOMPUTE
+            if p.kind == "swap":
+                self.counters.preemptions_swap += 1
+            else:
+                self.counters.preemptions_recompute += 1
+            self._emit(p.request, kind, count=p.tokens, detail=f"{p.blocks} blocks")
+
+    # --- helpers --------------------------------------------------------------------
+    def _open_request(self, request_id: str, action: str) -> Request:
+        request = self.requests.get(request_id)
+        if request is None:
+            raise UnknownRequestError(f"{action}: no request {request_id!r}")
+        if request.is_finished or request.context_complete:
+            raise EngineInputError(f"{action}: request {request_id!r} is already finished")
+        return request
+
+    def _set_prompt(self, request: Request, tokens: list[int]) -> None:
+        self._check_fits(request, tokens)
+        request.prompt_token_ids = tokens
+
+    def _check_fits(self, request: Request, tokens: list[int]) -> None:
+        limit = min(self.max_model_len - 1, self.kv.device.num_blocks * self.kv.block_size - 1)
+        if len(tokens) > limit:
+            raise PromptTooLongError(
+                f"prompt of {len(tokens)} tokens exceeds the limit of {limit} (model context "
+                f"{self.max_model_len}, device pool {self.kv.device.num_blocks} blocks)")
+
+    def _input_arrived(self, request: Request) -> None:
+        now = self.clock()
+        request.last_chunk_arrival_time = now
+        request.stats.last_input_time = now
+        if request.state is RequestState.WAITING and request.queued_since is None:
+            request.queued_since = now
+
+    def _finish(self, request: Request, reason: FinishReason) -> None:
+        request.state = RequestState.FINISHED
+        request.finish_reason = reason
+        request.stats.finish_time = self.clock()
+        self.scheduler.remove(request)
+        self._generators.pop(request.request_id, None)
+        self._text.pop(request.request_id, None)
+        self.counters.requests_finished += 1
+        self._emit(request, EventKind.FINISHED, detail=reason.value)
+
+    def release(self, request_id: str) -> Request | None:
+        """Forget a finished request (the caller has read its stats)."""
+        request = self.requests.get(request_id)
+        if request is not None and request.is_finished:
+            return self.requests.pop(request_id)
+        return None
+
+    def _emit(self, request: Request, kind: EventKind, *, count: int = 0, token_id: int | None = None,
+              text: str = "", detail: str = "") -> None:
+        self._events.append(EngineEvent(request.request_id, kind, self.clock(), count, token_id, text, detail))
+
+
+def lcp_length(a: Sequence[int], b: Sequence[int]) -> int:
+    """Length of the longest common prefix of two token sequences."""
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i

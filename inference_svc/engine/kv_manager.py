@@ -1,0 +1,208 @@
+"""Logical KV cache: per-request block tables over a device pool and a CPU pool.
+
+The scheduler talks to the KV cache only through this class. It decides which blocks a
+request owns; the model runner moves the bytes (the copy lists returned here are its work).
+
+- `allocate_slots` grows a request's device table to cover a token count (all or nothing).
+- `match_prefix` attaches already-computed full blocks found by content hash (a shared
+  instruction preamble is computed once).
+- `truncate` keeps KV up to a token LCP after an update. A partly valid last block is
+  kept and overwritten from the LCP on; if that block is shared, it is copied first
+  (copy-on-write). A swapped request is truncated on its CPU copy.
+- `swap_out` / `swap_in` move a table between pools; `free` releases everything.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+
+from inference_svc.engine.block_pool import BlockPool
+
+BlockPairs = list[tuple[int, int]]
+
+
+def blocks_for(num_tokens: int, block_size: int) -> int:
+    return -(-num_tokens // block_size)
+
+
+class KVCacheManager:
+    def __init__(self, num_device_blocks: int, num_cpu_blocks: int, block_size: int = 16,
+                 enable_prefix_cache: bool = True) -> None:
+        if block_size < 1:
+            raise ValueError("block_size must be >= 1")
+        self.block_size = block_size
+        self.device = BlockPool(num_device_blocks, "device")
+        self.cpu = BlockPool(num_cpu_blocks, "cpu")
+        self.enable_prefix_cache = enable_prefix_cache
+        self.device_tables: dict[str, list[int]] = {}
+        self.cpu_tables: dict[str, list[int]] = {}
+        self._hash_chains: dict[str, list[int]] = {}  # hashes of a request's leading full blocks
+
+    # --- queries --------------------------------------------------------------------
+    def device_table(self, request_id: str) -> list[int]:
+        return self.device_tables.get(request_id, [])
+
+    def num_device_blocks(self, request_id: str) -> int:
+        return len(self.device_tables.get(request_id, ()))
+
+    def num_cpu_blocks(self, request_id: str) -> int:
+        return len(self.cpu_tables.get(request_id, ()))
+
+    def blocks_needed(self, request_id: str, num_tokens: int) -> int:
+        """New device blocks to cover `num_tokens` (a swapped request also needs its CPU blocks back)."""
+        have = self.num_device_blocks(request_id) or self.num_cpu_blocks(request_id)
+        extra = max(0, blocks_for(num_tokens, self.block_size) - have)
+        return extra + self.num_cpu_blocks(request_id)
+
+    # --- allocation -----------------------------------------------------------------
+    def allocate_slots(self, request_id: str, num_tokens: int) -> bool:
+        """Grow the device table to cover `num_tokens`. False (and no change) if blocks run out."""
+        table = self.device_tables.setdefault(request_id, [])
+        missing = blocks_for(num_tokens, self.block_size) - len(table)
+        if missing <= 0:
+            return True
+        if missing > self.device.num_free:
+            if not table:
+                del self.device_tables[request_id]
+            return False
+        table.extend(self.device.allocate(missing))
+        return True
+
+    def match_prefix(self, request_id: str, token_ids: Sequence[int], num_computed: int) -> int:
+        """Attach cached blocks continuing from `num_computed`; returns the new computed count.
+
+        Only when the request's table ends exactly at a block boundary at `num_computed`; at
+        least one token is always left to compute, so the request still gets its logits.
+        """
+        if not self.enable_prefix_cache or num_computed % self.block_size:
+            return num_computed
+        table = self.device_tables.setdefault(request_id, [])
+        if len(table) * self.block_size != num_computed:
+            return num_computed
+        chain = self._chain(request_id, token_ids, (len(token_ids) - 1) // self.block_size)
+        for index in range(len(table), len(chain)):
+            block = self.device.lookup(chain[index])
+            if block is None:
+                break
+            self.device.incref(block)
+            table.append(block)
+        if not table:
+            del self.device_tables[request_id]
+        return len(table) * self.block_size if table else num_computed
+
+    def cached_prefix_tokens(self, request_id: str, token_ids: Sequence[int]) -> int:
+        """How many leading tokens of `token_ids` are in the device prefix cache (k-LPM's measure)."""
+        if not self.enable_prefix_cache:
+            return 0
+        matched = 0
+        for content_hash in self._chain(request_id, token_ids, len(token_ids) // self.block_size):
+            if self.device.lookup(content_hash) is None:
+                break
+            matched += 1
+        return matched * self.block_size
+
+    def register_computed(self, request_id: str, token_ids: Sequence[int], num_computed: int) -> None:
+        """Publish the request's full, computed blocks in the prefix cache."""
+        if not self.enable_prefix_cache:
+            return
+        table = self.device_tables.get(request_id, [])
+        full = min(num_computed // self.block_size, len(table))
+        chain = self._chain(request_id, token_ids, full)
+        for index in range(full):
+            self.device.register(table[index], chain[index])
+
+    def _chain(self, request_id: str, token_ids: Sequence[int], num_blocks: int) -> list[int]:
+        chain = self._hash_chains.setdefault(request_id, [])
+        bs = self.block_size
+        while len(chain) < num_blocks:
+            i = len(chain)
+            parent = chain[-1] if chain else 0
+            chain.append(hash((parent, tuple(token_ids[i * bs:(i + 1) * bs]))))
+        return chain[:num_blocks]
+
+    # --- invalidation ---------------------------------------------------------------
+    def truncate(self, request_id: str, num_valid_tokens: int) -> BlockPairs:
+        """Keep KV for the first `num_valid_tokens` tokens; free the rest.
+
+        Returns device-to-device copies the runner must perform now (copy-on-write of a
+        shared, partly valid last block). If no block is free for that copy, the partial
+        block is dropped instead; the caller learns it from `valid_tokens_after_truncate`.
+        """
+        bs = self.block_size
+        keep = blocks_for(num_valid_tokens, bs)
+        chain = self._hash_chains.get(request_id)
+        if chain is not None:
+            del chain[num_valid_tokens // bs:]
+        copies: BlockPairs = []
+        for pool, tables in ((self.device, self.device_tables), (self.cpu, self.cpu_tables)):
+            table = tables.get(request_id)
+            if table is None:
+                continue
+            for block in table[keep:]:
+                pool.decref(block)
+            del table[keep:]
+            partial = num_valid_tokens % bs and len(table) == keep and keep > 0
+            if not partial:
+                continue
+            last = table[-1]
+            if pool.ref_counts[last] > 1:      # shared: copy before overwriting
+                if pool.num_free == 0:
+                    pool.decref(table.pop())  # no room to copy: recompute the partial block
+                    continue
+                (fresh,) = pool.allocate(1)
+                copies.append((last, fresh))
+                pool.decref(last)
+                table[-1] = fresh
+            else:
+                pool.unregister(last)         # its content is about to change
+        return copies
+
+    def valid_tokens_after_truncate(self, request_id: str, num_valid_tokens: int) -> int:
+        held = self.num_device_blocks(request_id) or self.num_cpu_blocks(request_id)
+        return min(num_valid_tokens, held * self.block_size)
+
+    # --- preemption -----------------------------------------------------------------
+    def can_swap_out(self, request_id: str) -> bool:
+        return self.num_device_blocks(request_id) <= self.cpu.num_free
+
+    def swap_out(self, request_id: str) -> BlockPairs:
+        """Move the device table to the CPU pool; returns (device, cpu) copies to perform."""
+        table = self.device_tables.pop(request_id, [])
+        cpu_blocks = self.cpu.allocate(len(table))
+        for block in table:
+            self.device.decref(block)
+        self.cpu_tables[request_id] = cpu_blocks
+        return list(zip(table, cpu_blocks, strict=True))
+
+    def swap_in(self, request_id: str) -> BlockPairs | None:
+        """Move the CPU table back to the device; None if the device lacks blocks."""
+        cpu_blocks = self.cpu_tables.get(request_id, [])
+        if len(cpu_blocks) > self.device.num_free:
+            return None
+        device_blocks = self.device.allocate(len(cpu_blocks))
+        for block in cpu_blocks:
+            self.cpu.decref(block)
+        del self.cpu_tables[request_id]
+        self.device_tables[request_id] = device_blocks
+        return list(zip(cpu_blocks, device_blocks, strict=True))
+
+    def free(self, request_id: str) -> None:
+        """Release everything the request holds on both pools (recompute preemption, finish, abort)."""
+        for pool, tables in ((self.device, self.device_tables), (self.cpu, self.cpu_tables)):
+            for block in tables.pop(request_id, []):
+                pool.decref(block)
+        self._hash_chains.pop(request_id, None)
+
+    def forget(self, request_id: str) -> None:
+        """Drop the cached hash chain (its tokens changed beyond repair) without freeing."""
+        self._hash_chains.pop(request_id, None)
+
+    # --- invariants -----------------------------------------------------------------
+    def check_invariants(self) -> None:
+        """Every block is free or held by tables exactly as often as its reference count."""
+        for pool, tables in ((self.device, self.device_tables), (self.cpu, self.cpu_tables)):
+            owners = Counter(block for table in tables.values() for block in table)
+            pool.check(owners)
+        for request_id in self.cpu_tables:
+            assert request_id not in self.device_tables, f"{request_id} holds blocks on both pools"

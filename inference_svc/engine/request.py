@@ -1,0 +1,127 @@
+"""A streaming request: its segments, tokens, progress, state and per-request statistics.
+
+A request's token sequence is `prompt_token_ids + output_token_ids`. The prompt is its head
+segments (given at open: instructions, question), then its context segments (which `append`
+extends and `update` replaces), then, once the caller calls `finish`, the suffix segments.
+Decoding starts only after `finish`.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+from inference_svc.engine.sampler import SamplingParams
+
+
+class RequestState(enum.Enum):
+    WAITING = "waiting"      # no KV on the device (new, or preempted by recompute)
+    RUNNING = "running"      # holds device KV blocks (computing, decoding, or idle awaiting input)
+    SWAPPED = "swapped"      # KV parked in the CPU pool
+    FINISHED = "finished"
+
+
+class FinishReason(enum.Enum):
+    STOP = "stop"            # EOS or a stop token
+    LENGTH = "length"        # max_tokens, or the model's context is full
+    ABORT = "abort"          # cancelled by the caller
+    ERROR = "error"
+
+
+@dataclass(frozen=True)
+class Segment:
+    """One piece of a prompt: text or token ids, optionally keyed (a document id)."""
+
+    text: str | None = None
+    token_ids: tuple[int, ...] | None = None
+    key: str | None = None
+
+    def __post_init__(self) -> None:
+        if (self.text is None) == (self.token_ids is None):
+            raise ValueError("a segment has exactly one of text or token_ids")
+
+
+@dataclass
+class RequestStats:
+    """What the engine reports about a request when it ends."""
+
+    arrival_time: float = 0.0
+    last_input_time: float = 0.0          # later of the last append/update and finish
+    first_scheduled_time: float | None = None
+    first_token_time: float | None = None
+    finish_time: float | None = None
+    time_queued_s: float = 0.0
+    tokens_computed: int = 0              # every token the model ran over, recomputation included
+    tokens_invalidated: int = 0
+    prefix_cache_hit_tokens: int = 0
+    preemptions_swap: int = 0
+    preemptions_recompute: int = 0
+
+    @property
+    def ttft_from_open_s(self) -> float | None:
+        return None if self.first_token_time is None else self.first_token_time - self.arrival_time
+
+    @property
+    def ttft_from_last_input_s(self) -> float | None:
+        """The paper's TTFT: from the last context chunk (or finish) to the first token."""
+        return None if self.first_token_time is None else self.first_token_time - self.last_input_time
+
+
+@dataclass(eq=False)
+class Request:
+    request_id: str
+    sampling: SamplingParams
+    arrival_time: float
+    priority: int = 0
+    head_segments: list[Segment] = field(default_factory=list)
+    context_segments: list[Segment] = field(default_factory=list)
+    suffix_segments: list[Segment] = field(default_factory=list)
+    prompt_token_ids: list[int] = field(default_factory=list)
+    num_head_tokens: int = 0              # tokens of the head segments: an update keeps them
+    output_token_ids: list[int] = field(default_factory=list)
+    num_computed_tokens: int = 0
+    context_complete: bool = False        # finish() was called: no more input, decoding allowed
+    last_chunk_arrival_time: float = 0.0
+    state: RequestState = RequestState.WAITING
+    finish_reason: FinishReason | None = None
+    queued_since: float | None = None     # when it last became runnable-but-not-scheduled
+    passed_over_since: float | None = None  # runnable but not chosen since (LCAS anti-starvation)
+    preempted_at: float | None = None     # the default policy re-queues preempted requests first
+    admitted_seq: int = -1                # order of (re)admission to the device, for LIFO eviction
+    stats: RequestStats = field(default_factory=RequestStats)
+
+    def __post_init__(self) -> None:
+        self.last_chunk_arrival_time = self.arrival_time
+        self.stats.arrival_time = self.arrival_time
+        self.stats.last_input_time = self.arrival_time
+        self.queued_since = self.arrival_time
+
+    @property
+    def token_ids(self) -> list[int]:
+        return self.prompt_token_ids + self.output_token_ids
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_token_ids) + len(self.output_token_ids)
+
+    @property
+    def num_pending_tokens(self) -> int:
+        """Tokens known but not yet computed (the work this request can do now)."""
+        return self.num_tokens - self.num_computed_tokens
+
+    @property
+    def is_finished(self) -> bool:
+        return self.state is RequestState.FINISHED
+
+    @property
+    def is_runnable(self) -> bool:
+        """Has work to do now: tokens to compute (before finish, only prefill)."""
+        return not self.is_finished and self.num_pending_tokens > 0
+
+    @property
+    def is_decoding(self) -> bool:
+        return self.context_complete and bool(self.output_token_ids)
