@@ -23,6 +23,33 @@ def _cmd_model_prepare(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_profile(args: argparse.Namespace) -> int:
+    from inference_svc.embedded_model import default_cache_dir, prepare_embedded_model
+    from inference_svc.engine.cost_model import profile_path
+    from inference_svc.engine.factory import DTYPES, device_kind
+    from inference_svc.engine.profiler import measure_profile, write_profile
+
+    model_dir = args.model or prepare_embedded_model(progress=False)
+    tokens = [int(t) for t in args.tokens.split(",")]
+    profile = measure_profile(model_dir, device=args.device, dtype=DTYPES[args.dtype], token_counts=tokens,
+                              repeats=args.repeats, say=lambda m: print(m, file=sys.stderr, flush=True))
+    out = args.out or profile_path(default_cache_dir(), device_kind(args.device), Path(model_dir).name, args.dtype)
+    print(write_profile(profile, Path(out)))
+    return 0
+
+
+def _cmd_bench_engine(args: argparse.Namespace) -> int:
+    from inference_svc.engine.engine_bench import run_engine_bench
+
+    return run_engine_bench(args)
+
+
+def _cmd_serve_inference(args: argparse.Namespace) -> int:
+    from inference_svc.server import main as serve_inference
+
+    return serve_inference(args)
+
+
 def _cmd_demo(args: argparse.Namespace) -> int:
     print("streamrag demo: the streamed RAG answer needs the inference service, retrievers and "
           "orchestrator, which are not built yet. Set-up is complete: the embedded model is in "
@@ -52,6 +79,34 @@ def build_parser() -> argparse.ArgumentParser:
     prepare.add_argument("--force", action="store_true", help="rebuild even if already prepared")
     prepare.add_argument("--quiet", action="store_true", help="no progress display")
     prepare.set_defaults(handler=_cmd_model_prepare)
+
+    serve = commands.add_parser("serve", help="run one service in the foreground")
+    serve_cmds = serve.add_subparsers(dest="serve_command", metavar="SERVICE", required=True)
+    inference = serve_cmds.add_parser("inference", help="the Inference gRPC service (native engine)")
+    from inference_svc.server_args import add_inference_args
+
+    add_inference_args(inference)
+    inference.set_defaults(handler=_cmd_serve_inference)
+
+    profile = commands.add_parser("profile", help="measure recompute and swap latency for the cost model")
+    profile.add_argument("--model", type=Path, default=None, help="model directory (default: the embedded model)")
+    profile.add_argument("--device", default="cpu", help="cpu or cuda[:N]")
+    profile.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32", "float16"])
+    profile.add_argument("--tokens", default="16,64,256,512,1024,2048,4096", help="prefill sizes to measure")
+    profile.add_argument("--repeats", type=int, default=3)
+    profile.add_argument("--out", type=Path, default=None, help="profile JSON (default: the cache's profile path)")
+    profile.set_defaults(handler=_cmd_profile)
+
+    bench = commands.add_parser("bench", help="benchmarks that print tables and write JSON")
+    bench_cmds = bench.add_subparsers(dest="bench_command", metavar="BENCH", required=True)
+    engine = bench_cmds.add_parser("engine", help="prefill tokens/s vs transformers; scheduler overhead")
+    engine.add_argument("--model", type=Path, default=None, help="model directory (default: the embedded model)")
+    engine.add_argument("--device", default="cpu")
+    engine.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32", "float16"])
+    engine.add_argument("--prompt-lengths", default="512,2048,4096")
+    engine.add_argument("--repeats", type=int, default=3)
+    engine.add_argument("--json", type=Path, default=None, help="write the results here")
+    engine.set_defaults(handler=_cmd_bench_engine)
 
     demo = commands.add_parser("demo", help="run a streamed RAG answer on the local stack")
     demo.set_defaults(handler=_cmd_demo)

@@ -10,6 +10,7 @@ first; cached ones are reused least-recently-freed first.
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Iterable
 
 
 class NoFreeBlocksError(RuntimeError):
@@ -33,13 +34,16 @@ class BlockPool:
 
     def allocate(self, n: int) -> list[int]:
         """Take `n` free blocks (all or nothing), each with reference count 1."""
-        if n > len(self._free):
-            raise NoFreeBlocksError(f"{self.name} pool: need {n} blocks, {len(self._free)} free")
+        free = self._free
+        if n > len(free):
+            raise NoFreeBlocksError(f"{self.name} pool: need {n} blocks, {len(free)} free")
+        popitem, hash_of, ref_counts = free.popitem, self._hash_of, self.ref_counts
         blocks = []
         for _ in range(n):
-            block, _ = self._free.popitem(last=False)
-            self.unregister(block)  # its old content is about to be overwritten
-            self.ref_counts[block] = 1
+            block = popitem(last=False)[0]
+            if block in hash_of:
+                self.unregister(block)  # its old content is about to be overwritten
+            ref_counts[block] = 1
             blocks.append(block)
         return blocks
 
@@ -57,6 +61,19 @@ class BlockPool:
             self._free[block] = None
             if block not in self._hash_of:  # plain blocks go first in line for reuse
                 self._free.move_to_end(block, last=False)
+
+    def decref_all(self, blocks: Iterable[int]) -> None:
+        """`decref` each block, in order."""
+        ref_counts, free, hash_of = self.ref_counts, self._free, self._hash_of
+        for block in blocks:
+            count = ref_counts[block]
+            if count <= 0:
+                raise AssertionError(f"{self.name} pool: block {block} freed twice")
+            ref_counts[block] = count - 1
+            if count == 1:
+                free[block] = None
+                if block not in hash_of:  # plain blocks go first in line for reuse
+                    free.move_to_end(block, last=False)
 
     # --- prefix cache ---------------------------------------------------------------
     def lookup(self, content_hash: int) -> int | None:

@@ -125,7 +125,7 @@ class Engine:
             raise EngineInputError(str(exc)) from exc
         now = self.clock()
         request = Request(request_id, sampling, now, priority, head_segments=list(segments))
-        self._set_prompt(request, self.tokenizer.encode_all(segments))
+        self._set_prompt(request, self._encode(segments))
         request.num_head_tokens = request.num_prompt_tokens
         self.requests[request_id] = request
         self.scheduler.add(request)
@@ -137,14 +137,14 @@ class Engine:
     def append(self, request_id: str, segments: Sequence[Segment]) -> None:
         """Add segments at the end of the context (the computed KV stays valid)."""
         request = self._open_request(request_id, "append")
-        self._set_prompt(request, request.prompt_token_ids + self.tokenizer.encode_all(segments))
+        self._set_prompt(request, request.prompt_token_ids + self._encode(segments))
         request.context_segments.extend(segments)
         self._input_arrived(request)
 
     def update(self, request_id: str, segments: Sequence[Segment]) -> None:
         """Replace the context (not the head); keep KV up to the token LCP."""
         request = self._open_request(request_id, "update")
-        new_tokens = request.prompt_token_ids[:request.num_head_tokens] + self.tokenizer.encode_all(segments)
+        new_tokens = request.prompt_token_ids[:request.num_head_tokens] + self._encode(segments)
         self._check_fits(request, new_tokens)
         lcp = lcp_length(request.prompt_token_ids, new_tokens)
         valid = min(lcp, request.num_computed_tokens)
@@ -165,7 +165,7 @@ class Engine:
     def finish(self, request_id: str, suffix: Sequence[Segment] = ()) -> None:
         """No more input: append the suffix and let the request decode."""
         request = self._open_request(request_id, "finish")
-        tokens = request.prompt_token_ids + self.tokenizer.encode_all(suffix)
+        tokens = request.prompt_token_ids + self._encode(suffix)
         if not tokens:
             raise EngineInputError("the prompt is empty")
         self._set_prompt(request, tokens)
@@ -186,6 +186,11 @@ class Engine:
 
     def has_work(self) -> bool:
         return bool(self._events) or any(r.is_runnable for r in self.requests.values())
+
+    def take_events(self) -> list[EngineEvent]:
+        """Events raised by caller input (QUEUED, INVALIDATED, FINISHED on abort) since the last call."""
+        events, self._events = self._events, []
+        return events
 
     def step(self) -> list[EngineEvent]:
         """Schedule, move KV, run one forward pass, sample; returns the events since the last step."""
@@ -282,6 +287,14 @@ class Engine:
         if request.is_finished or request.context_complete:
             raise EngineInputError(f"{action}: request {request_id!r} is already finished")
         return request
+
+    def _encode(self, segments: Sequence[Segment]) -> list[int]:
+        ids = self.tokenizer.encode_all(segments)
+        vocab = self.runner.config.vocab_size
+        for segment in segments:
+            if segment.token_ids is not None and any(not 0 <= t < vocab for t in segment.token_ids):
+                raise EngineInputError(f"token ids must be in [0, {vocab})")
+        return ids
 
     def _set_prompt(self, request: Request, tokens: list[int]) -> None:
         self._check_fits(request, tokens)

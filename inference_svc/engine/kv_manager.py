@@ -69,57 +69,83 @@ class KVCacheManager:
         table.extend(self.device.allocate(missing))
         return True
 
-    def match_prefix(self, request_id: str, token_ids: Sequence[int], num_computed: int) -> int:
+    def match_prefix(self, request_id: str, token_ids: Sequence[int], num_computed: int,
+                     tail: Sequence[int] = ()) -> int:
         """Attach cached blocks continuing from `num_computed`; returns the new computed count.
 
         Only when the request's table ends exactly at a block boundary at `num_computed`; at
         least one token is always left to compute, so the request still gets its logits.
+        The tokens are `token_ids` followed by `tail` (a request's prompt and outputs, unjoined).
         """
         if not self.enable_prefix_cache or num_computed % self.block_size:
             return num_computed
         table = self.device_tables.setdefault(request_id, [])
         if len(table) * self.block_size != num_computed:
             return num_computed
-        chain = self._chain(request_id, token_ids, (len(token_ids) - 1) // self.block_size)
-        for index in range(len(table), len(chain)):
-            block = self.device.lookup(chain[index])
-            if block is None:
-                break
-            self.device.incref(block)
-            table.append(block)
+        limit = (len(token_ids) + len(tail) - 1) // self.block_size
+        index = len(table)
+        if index < limit and self.device.num_cached:
+            chain = self._hash_chains.setdefault(request_id, [])
+            lookup = self.device.lookup
+            while index < limit:
+                if index >= len(chain):  # hash lazily: stop at the first block not cached
+                    self._extend_chain(chain, token_ids, tail, index + 1)
+                block = lookup(chain[index])
+                if block is None:
+                    break
+                self.device.incref(block)
+                table.append(block)
+                index += 1
         if not table:
             del self.device_tables[request_id]
         return len(table) * self.block_size if table else num_computed
 
-    def cached_prefix_tokens(self, request_id: str, token_ids: Sequence[int]) -> int:
-        """How many leading tokens of `token_ids` are in the device prefix cache (k-LPM's measure)."""
-        if not self.enable_prefix_cache:
+    def cached_prefix_tokens(self, request_id: str, token_ids: Sequence[int], tail: Sequence[int] = ()) -> int:
+        """How many leading tokens of `token_ids + tail` are in the device prefix cache (k-LPM's measure)."""
+        if not self.enable_prefix_cache or not self.device.num_cached:
             return 0
+        num_blocks = (len(token_ids) + len(tail)) // self.block_size
+        chain = self._hash_chains.setdefault(request_id, [])
+        lookup = self.device.lookup
         matched = 0
-        for content_hash in self._chain(request_id, token_ids, len(token_ids) // self.block_size):
-            if self.device.lookup(content_hash) is None:
+        while matched < num_blocks:
+            if matched >= len(chain):  # hash lazily: stop at the first block not cached
+                self._extend_chain(chain, token_ids, tail, matched + 1)
+            if lookup(chain[matched]) is None:
                 break
             matched += 1
         return matched * self.block_size
 
-    def register_computed(self, request_id: str, token_ids: Sequence[int], num_computed: int) -> None:
+    def register_computed(self, request_id: str, token_ids: Sequence[int], num_computed: int,
+                          tail: Sequence[int] = ()) -> None:
         """Publish the request's full, computed blocks in the prefix cache."""
         if not self.enable_prefix_cache:
             return
         table = self.device_tables.get(request_id, [])
         full = min(num_computed // self.block_size, len(table))
-        chain = self._chain(request_id, token_ids, full)
-        for index in range(full):
-            self.device.register(table[index], chain[index])
-
-    def _chain(self, request_id: str, token_ids: Sequence[int], num_blocks: int) -> list[int]:
         chain = self._hash_chains.setdefault(request_id, [])
+        if len(chain) < full:
+            self._extend_chain(chain, token_ids, tail, full)
+        register = self.device.register
+        for index in range(full):
+            register(table[index], chain[index])
+
+    def _extend_chain(self, chain: list[int], token_ids: Sequence[int], tail: Sequence[int],
+                      num_blocks: int) -> None:
+        """Hash blocks onto `chain` (a request's cached hashes of its leading full blocks) up to `num_blocks`."""
         bs = self.block_size
-        while len(chain) < num_blocks:
-            i = len(chain)
-            parent = chain[-1] if chain else 0
-            chain.append(hash((parent, tuple(token_ids[i * bs:(i + 1) * bs]))))
-        return chain[:num_blocks]
+        head = len(token_ids)
+        parent = chain[-1] if chain else 0
+        for i in range(len(chain), num_blocks):
+            start, end = i * bs, (i + 1) * bs
+            if end <= head:
+                block = tuple(token_ids[start:end])
+            elif start >= head:
+                block = tuple(tail[start - head:end - head])
+            else:
+                block = tuple(token_ids[start:]) + tuple(tail[:end - head])
+            parent = hash((parent, block))
+            chain.append(parent)
 
     # --- invalidation ---------------------------------------------------------------
     def truncate(self, request_id: str, num_valid_tokens: int) -> BlockPairs:
@@ -139,8 +165,7 @@ class KVCacheManager:
             table = tables.get(request_id)
             if table is None:
                 continue
-            for block in table[keep:]:
-                pool.decref(block)
+            pool.decref_all(table[keep:])
             del table[keep:]
             partial = num_valid_tokens % bs and len(table) == keep and keep > 0
             if not partial:
@@ -170,8 +195,7 @@ class KVCacheManager:
         """Move the device table to the CPU pool; returns (device, cpu) copies to perform."""
         table = self.device_tables.pop(request_id, [])
         cpu_blocks = self.cpu.allocate(len(table))
-        for block in table:
-            self.device.decref(block)
+        self.device.decref_all(table)
         self.cpu_tables[request_id] = cpu_blocks
         return list(zip(table, cpu_blocks, strict=True))
 
@@ -181,8 +205,7 @@ class KVCacheManager:
         if len(cpu_blocks) > self.device.num_free:
             return None
         device_blocks = self.device.allocate(len(cpu_blocks))
-        for block in cpu_blocks:
-            self.cpu.decref(block)
+        self.cpu.decref_all(cpu_blocks)
         del self.cpu_tables[request_id]
         self.device_tables[request_id] = device_blocks
         return list(zip(cpu_blocks, device_blocks, strict=True))
@@ -190,8 +213,7 @@ class KVCacheManager:
     def free(self, request_id: str) -> None:
         """Release everything the request holds on both pools (recompute preemption, finish, abort)."""
         for pool, tables in ((self.device, self.device_tables), (self.cpu, self.cpu_tables)):
-            for block in tables.pop(request_id, []):
-                pool.decref(block)
+            pool.decref_all(tables.pop(request_id, ()))
         self._hash_chains.pop(request_id, None)
 
     def forget(self, request_id: str) -> None:

@@ -13,20 +13,41 @@ class here and listing it in `POLICIES`; the scheduler does not change.
 - `mcps`: most computed tokens first, ties by arrival.
 - `klpm`: k-LPM: the oldest request, then the k-1 requests with the longest cached prefix,
   repeated.
+
+Ordering runs every engine step over every unfinished request, so the policies avoid
+tuple sort keys: a multi-key order is built from stable single-key sorts (least significant
+key first; `reverse=True` keeps ties in input order) and stable tier partitions, which gives
+exactly the order of the documented tuple key, ties included.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from operator import attrgetter
 
 from inference_svc.engine.request import Request, RequestState
+
+_arrival = attrgetter("arrival_time")
+_admitted_seq = attrgetter("admitted_seq")
+_preempted_at = attrgetter("preempted_at")
+_passed_over_since = attrgetter("passed_over_since")
+_last_chunk_arrival = attrgetter("last_chunk_arrival_time")
+_computed = attrgetter("num_computed_tokens")
 
 
 @dataclass(frozen=True)
 class PolicyContext:
     now: float
     cached_prefix_tokens: Callable[[Request], int] = lambda request: 0
+    # Optional batch form of `cached_prefix_tokens` (same values, one list for many requests);
+    # the scheduler supplies it so k-LPM can skip the per-request calls when nothing is cached.
+    cached_prefix_tokens_many: Callable[[Sequence[Request]], list[int]] | None = None
+
+    def prefix_tokens_of(self, requests: Sequence[Request]) -> list[int]:
+        if self.cached_prefix_tokens_many is not None:
+            return self.cached_prefix_tokens_many(requests)
+        return list(map(self.cached_prefix_tokens, requests))
 
 
 class Policy:
@@ -39,23 +60,44 @@ class Policy:
         return list(reversed(ranked))
 
 
+def _tiered(ranked: list[Request]) -> list[Request]:
+    """Stable partition: complete-context requests first, then partial ones."""
+    complete = [r for r in ranked if r.context_complete]
+    if len(complete) == len(ranked) or not complete:
+        return ranked
+    complete += [r for r in ranked if not r.context_complete]
+    return complete
+
+
 class DefaultPolicy(Policy):
     name = "default"
 
     def order(self, requests: Sequence[Request], ctx: PolicyContext) -> list[Request]:
-        holding = sorted((r for r in requests if r.state is RequestState.RUNNING), key=lambda r: r.admitted_seq)
-        others = [r for r in requests if r.state is not RequestState.RUNNING]
-        preempted = sorted((r for r in others if r.preempted_at is not None),
-                           key=lambda r: (-r.preempted_at, r.arrival_time))
-        fresh = sorted((r for r in others if r.preempted_at is None), key=lambda r: r.arrival_time)
-        return holding + preempted + fresh
+        running = RequestState.RUNNING
+        holding = [r for r in requests if r.state is running]
+        holding.sort(key=_admitted_seq)
+        if len(holding) == len(requests):
+            return holding
+        others = sorted((r for r in requests if r.state is not running), key=_arrival)
+        # key (-preempted_at, arrival_time): arrival-sorted, then a stable descending sort
+        preempted = [r for r in others if r.preempted_at is not None]
+        if preempted:
+            preempted.sort(key=_preempted_at, reverse=True)
+            holding += preempted
+            if len(preempted) == len(others):
+                return holding
+            holding += [r for r in others if r.preempted_at is None]
+        else:
+            holding += others
+        return holding
 
 
 class FCFSPolicy(Policy):
     name = "fcfs"
 
     def order(self, requests: Sequence[Request], ctx: PolicyContext) -> list[Request]:
-        return sorted(requests, key=lambda r: (not r.context_complete, r.arrival_time))
+        # key (not context_complete, arrival_time)
+        return _tiered(sorted(requests, key=_arrival))
 
 
 class LCASPolicy(Policy):
@@ -65,20 +107,36 @@ class LCASPolicy(Policy):
         self.starvation_s = starvation_s
 
     def order(self, requests: Sequence[Request], ctx: PolicyContext) -> list[Request]:
-        def starved(r: Request) -> bool:
-            return r.passed_over_since is not None and ctx.now - r.passed_over_since > self.starvation_s
-
-        rescued = sorted((r for r in requests if starved(r)), key=lambda r: r.passed_over_since)
-        rest = sorted((r for r in requests if not starved(r)),
-                      key=lambda r: (not r.context_complete, -r.last_chunk_arrival_time, r.arrival_time))
-        return rescued + rest
+        now, starvation_s = ctx.now, self.starvation_s
+        rescued: list[Request] = []
+        rest = requests
+        # `now - since > starvation_s` only grows as `since` decreases, so nobody is starved
+        # unless the longest-passed-over request is (the common case: one cheap pass).
+        since = [r.passed_over_since for r in requests if r.passed_over_since is not None]
+        if since and now - min(since) > starvation_s:
+            rescued = [r for r in requests
+                       if r.passed_over_since is not None and now - r.passed_over_since > starvation_s]
+            rescued.sort(key=_passed_over_since)
+            rest = [r for r in requests
+                    if r.passed_over_since is None or not now - r.passed_over_since > starvation_s]
+        # key (not context_complete, -last_chunk_arrival_time, arrival_time)
+        ranked = sorted(rest, key=_arrival)
+        ranked.sort(key=_last_chunk_arrival, reverse=True)
+        ranked = _tiered(ranked)
+        if rescued:
+            rescued += ranked
+            return rescued
+        return ranked
 
 
 class MCPSPolicy(Policy):
     name = "mcps"
 
     def order(self, requests: Sequence[Request], ctx: PolicyContext) -> list[Request]:
-        return sorted(requests, key=lambda r: (-r.num_computed_tokens, r.arrival_time))
+        # key (-num_computed_tokens, arrival_time)
+        ranked = sorted(requests, key=_arrival)
+        ranked.sort(key=_computed, reverse=True)
+        return ranked
 
 
 class KLPMPolicy(Policy):
@@ -90,20 +148,32 @@ class KLPMPolicy(Policy):
         self.k = k
 
     def order(self, requests: Sequence[Request], ctx: PolicyContext) -> list[Request]:
-        by_age = sorted(requests, key=lambda r: r.arrival_time)
-        by_match = sorted(by_age, key=lambda r: -ctx.cached_prefix_tokens(r))  # stable: ties by age
-        taken: set[int] = set()
+        by_age = sorted(requests, key=_arrival)
+        if self.k == 1:
+            return by_age
+        n = len(by_age)
+        match = ctx.prefix_tokens_of(by_age)  # one call per request, in age order
+        if sorted(match, reverse=True) == match:
+            return by_age  # the longest-match order is the age order: so is the interleaving
+        # indices into by_age, longest match first, stable (ties by age)
+        by_match = sorted(range(n), key=match.__getitem__, reverse=True)
+        taken = bytearray(n)
         ranked: list[Request] = []
-        oldest, matched = iter(by_age), iter(by_match)
-        while len(ranked) < len(requests):
-            for source, count in ((oldest, 1), (matched, self.k - 1)):
-                picked = 0
-                while picked < count and len(ranked) < len(requests):
-                    request = next(source)
-                    if id(request) not in taken:
-                        taken.add(id(request))
-                        ranked.append(request)
-                        picked += 1
+        oldest = matched = 0
+        per_round = self.k - 1
+        while len(ranked) < n:
+            while taken[oldest]:
+                oldest += 1
+            taken[oldest] = 1
+            ranked.append(by_age[oldest])
+            picked = 0
+            while picked < per_round and len(ranked) < n:
+                index = by_match[matched]
+                matched += 1
+                if not taken[index]:
+                    taken[index] = 1
+                    ranked.append(by_age[index])
+                    picked += 1
         return ranked
 
 

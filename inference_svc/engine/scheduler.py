@@ -12,7 +12,7 @@ or swap each one. Prefill is chunked within the budget; decodes ride in the same
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 from inference_svc.engine.cost_model import CostModel
@@ -103,32 +103,51 @@ class Scheduler:
         self.kv.free(request.request_id)
 
     # --- phase 1 --------------------------------------------------------------------
+    def policy_context(self, now: float) -> PolicyContext:
+        """What the policy sees this step (k-LPM's cached prefixes come from the KV manager)."""
+        return PolicyContext(now, self._cached_prefix_tokens, self._cached_prefix_tokens_many)
+
+    def _cached_prefix_tokens(self, request: Request) -> int:
+        return self.kv.cached_prefix_tokens(request.request_id, request.prompt_token_ids, request.output_token_ids)
+
+    def _cached_prefix_tokens_many(self, requests: Sequence[Request]) -> list[int]:
+        kv = self.kv
+        if not kv.enable_prefix_cache or not kv.device.num_cached:
+            return [0] * len(requests)  # nothing cached: every match is 0
+        cached = kv.cached_prefix_tokens
+        return [cached(r.request_id, r.prompt_token_ids, r.output_token_ids) for r in requests]
+
     def rank(self, now: float) -> list[Request]:
-        ctx = PolicyContext(now, lambda r: self.kv.cached_prefix_tokens(r.request_id, r.token_ids))
-        return self.policy.order(list(self.requests.values()), ctx)
+        return self.policy.order(list(self.requests.values()), self.policy_context(now))
 
     def plan(self, ranked: list[Request]) -> Plan:
         """Choose what runs this step. Reads state only."""
         budget, capacity = self.config.token_budget, self.kv.device.num_blocks
+        max_running = self.config.max_running
         bs = self.kv.block_size
+        num_cpu_blocks = self.kv.num_cpu_blocks
         chosen: list[tuple[Request, int]] = []
         not_chosen: list[Request] = []
-        for request in ranked:
-            n = min(request.num_pending_tokens, budget)
-            if n <= 0 or len(chosen) >= self.config.max_running:
+        for position, request in enumerate(ranked):
+            start = request.num_computed_tokens
+            n = min(len(request.prompt_token_ids) + len(request.output_token_ids) - start, budget)  # pending
+            if n <= 0:
                 not_chosen.append(request)
                 continue
-            start = request.num_computed_tokens
-            footprint = max(blocks_for(start + n, bs), self.kv.num_cpu_blocks(request.request_id))
+            footprint = max(blocks_for(start + n, bs), num_cpu_blocks(request.request_id))
             if footprint > capacity:
                 n = capacity * bs - start  # a prefill chunk may shrink to what fits
-                if n <= 0 or request.is_decoding or self.kv.num_cpu_blocks(request.request_id) > capacity:
+                if n <= 0 or request.is_decoding or num_cpu_blocks(request.request_id) > capacity:
                     not_chosen.append(request)
                     continue
                 footprint = capacity
             chosen.append((request, n))
             capacity -= footprint
             budget -= n
+            if not budget or not capacity or len(chosen) >= max_running:
+                # nothing further can be chosen: no tokens, no blocks or no slots left
+                not_chosen += ranked[position + 1:]
+                break
         return Plan(chosen, not_chosen)
 
     # --- phase 2 --------------------------------------------------------------------
@@ -137,7 +156,7 @@ class Scheduler:
         ranked = self.rank(now)
         plan = self.plan(ranked)
         out = SchedulerOutput()
-        victims = [r for r in self.policy.eviction_order(plan.not_chosen)]
+        victims = iter(self.policy.eviction_order(plan.not_chosen))  # consumed lowest priority first
         for request, n in plan.chosen:
             chunk = self._acquire(request, n, victims, out, now)
             if chunk is None:
@@ -152,11 +171,11 @@ class Scheduler:
                     request.stats.first_scheduled_time = now
                 out.newly_scheduled.append(request)
         for request in plan.not_chosen:
-            if request.is_runnable and request.passed_over_since is None:
+            if request.passed_over_since is None and request.is_runnable:
                 request.passed_over_since = now
         return out
 
-    def _acquire(self, request: Request, n: int, victims: list[Request], out: SchedulerOutput,
+    def _acquire(self, request: Request, n: int, victims: Iterator[Request], out: SchedulerOutput,
                  now: float) -> ScheduledChunk | None:
         rid = request.request_id
         if request.state is RequestState.SWAPPED:
@@ -168,7 +187,8 @@ class Scheduler:
             self._admit(request)
         elif request.state is RequestState.WAITING or self._at_block_boundary(request):
             before = request.num_computed_tokens
-            request.num_computed_tokens = self.kv.match_prefix(rid, request.token_ids, before)
+            request.num_computed_tokens = self.kv.match_prefix(rid, request.prompt_token_ids, before,
+                                                               request.output_token_ids)
             if request.num_computed_tokens > before:
                 out.prefix_hits[rid] = request.num_computed_tokens - before
                 request.stats.prefix_cache_hit_tokens += request.num_computed_tokens - before
@@ -193,10 +213,10 @@ class Scheduler:
         request.admitted_seq = self._admissions
         self._admissions += 1
 
-    def _preempt_next(self, victims: list[Request], out: SchedulerOutput, now: float, protect: Request) -> bool:
+    def _preempt_next(self, victims: Iterator[Request], out: SchedulerOutput, now: float,
+                      protect: Request) -> bool:
         """Preempt the lowest-priority not-chosen request holding device blocks. False if none."""
-        while victims:
-            victim = victims.pop(0)
+        for victim in victims:
             if victim is not protect and self.kv.num_device_blocks(victim.request_id) > 0:
                 out.preempted.append(self.preempt(victim, now, out))
                 return True

@@ -1,0 +1,69 @@
+"""`streamrag bench engine`: raw prefill speed against transformers, and scheduler overhead.
+
+Prints tables and writes JSON:
+    {"prefill_tokens_per_s": {"native": {"512": x, ...}, "hf_transformers": {...}},
+     "prefill_chunked_tokens_per_s": {...same, prefill in 512-token chunks...},
+     "scheduler_step_us": {"ordering": {"50": {"p50": x, "p99": x}, "500": {...}}, "step": {...}},
+     "scheduler_step_us_by_policy": {policy: {...same shape...}}}
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+import torch
+
+POLICIES = ("default", "fcfs", "lcas", "mcps", "klpm")
+SIZES = (50, 500)
+
+
+def _say(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def run_engine_bench(args: argparse.Namespace) -> int:
+    from inference_svc.embedded_model import prepare_embedded_model
+    from inference_svc.engine.factory import DTYPES
+    from inference_svc.engine.prefill_bench import format_table, measure_prefill_tokens_per_s
+    from inference_svc.engine.scheduler_bench import measure_scheduler_us
+
+    model_dir = args.model or prepare_embedded_model(progress=False)
+    lengths = [int(n) for n in args.prompt_lengths.split(",")]
+    results = measure_prefill_tokens_per_s(model_dir, prompt_lengths=lengths, dtype=DTYPES[args.dtype],
+                                           device=args.device, repeats=args.repeats, progress=_say)
+    names = {"streamrag": "native", "transformers": "hf_transformers"}
+    one_shot: dict[str, dict[str, float]] = {}
+    chunked: dict[str, dict[str, float]] = {}
+    for r in results:
+        target = one_shot if r.chunk_tokens is None else chunked
+        target.setdefault(names.get(r.engine, r.engine), {})[str(r.prompt_tokens)] = round(r.tokens_per_s, 1)
+
+    by_policy = {}
+    for policy in POLICIES:
+        _say(f"scheduler overhead: {policy}")
+        per_size = {str(n): measure_scheduler_us(n, policy) for n in SIZES}
+        by_policy[policy] = {kind: {n: {k: round(v, 1) for k, v in per_size[n][kind].items()} for n in per_size}
+                             for kind in ("ordering", "step")}
+    report = {
+        "model": str(model_dir), "device": args.device, "dtype": args.dtype,
+        "torch_threads": torch.get_num_threads(),
+        "prefill_tokens_per_s": one_shot,
+        "prefill_chunked_tokens_per_s": chunked,
+        "scheduler_step_us": by_policy["lcas"],
+        "scheduler_step_us_by_policy": by_policy,
+    }
+    print(f"\nPrefill tokens/s ({args.dtype}, {args.device}):")
+    print(format_table(results))
+    print("\nScheduler overhead, microseconds (p50 / p99):")
+    print(f"{'policy':8s} " + " ".join(f"{k + ' ' + n:>22s}" for k in ("ordering", "step") for n in map(str, SIZES)))
+    for policy, kinds in by_policy.items():
+        cells = [f"{kinds[k][str(n)]['p50']:9.1f} / {kinds[k][str(n)]['p99']:9.1f}" for k in ("ordering", "step")
+                 for n in SIZES]
+        print(f"{policy:8s} " + " ".join(f"{c:>22s}" for c in cells))
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(report, indent=2))
+        print(f"\nwrote {args.json}")
+    return 0

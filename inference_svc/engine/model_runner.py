@@ -1,0 +1,139 @@
+"""Tensors in, logits out: one forward pass over packed chunks of several sequences.
+
+A step mixes prefill chunks of some requests with decode tokens of others. The runner
+packs all their new tokens into one batch (linear layers run over the concatenation),
+writes their K/V into the paged cache, attends each sequence over its own blocks, and
+computes the LM head only for the chunks that want next-token logits.
+
+Which blocks a sequence owns, and what to swap or copy, is decided elsewhere (block
+manager, scheduler); the runner owns the weights, the KV tensors and the math.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from inference_svc.engine.attention import build_metadata
+from inference_svc.engine.kv_cache import KVCache, kv_bytes_per_block
+from inference_svc.engine.models import ModelConfig, load_model, random_model
+
+
+@dataclass(frozen=True)
+class ChunkInput:
+    token_ids: Sequence[int]  # tokens to compute this step (>= 1)
+    start_pos: int  # absolute position of token_ids[0]; KV for [0, start_pos) is already in the cache
+    block_table: Sequence[int]  # device block ids covering positions [0, start_pos + len(token_ids))
+    want_logits: bool  # return next-token logits of this chunk's last token
+
+
+class ModelRunner:
+    """A Llama-family model plus its paged KV cache on ``device``.
+
+    ``model`` is a Hugging Face directory (real weights) or a ``ModelConfig`` (random
+    weights drawn on the device, for benchmarks: see ``random_llama_config``).
+    """
+
+    def __init__(
+        self,
+        model: str | Path | ModelConfig,
+        *,
+        device: str | torch.device = "cpu",
+        dtype: torch.dtype = torch.bfloat16,
+        block_size: int = 16,
+        num_device_blocks: int,
+        num_cpu_blocks: int,
+        seed: int = 0,
+    ) -> None:
+        self.device = torch.device(device)
+        self.dtype = dtype
+        self.block_size = block_size
+        if isinstance(model, ModelConfig):
+            self.model = random_model(model, self.device, dtype, seed=seed)
+        else:
+            self.model = load_model(model, self.device, dtype)
+        self.config: ModelConfig = self.model.config
+        self.kv_cache = KVCache(
+            num_layers=self.config.num_layers,
+            num_kv_heads=self.config.num_kv_heads,
+            head_dim=self.config.head_dim,
+            block_size=block_size,
+            num_device_blocks=num_device_blocks,
+            num_cpu_blocks=num_cpu_blocks,
+            dtype=dtype,
+            device=self.device,
+        )
+        self.bytes_per_block = kv_bytes_per_block(self.config, block_size, dtype)
+
+    @property
+    def eos_token_ids(self) -> tuple[int, ...]:
+        """End-of-sequence ids from config.json and generation_config.json."""
+        return self.config.eos_token_ids
+
+    def swap_out(self, pairs: Sequence[tuple[int, int]]) -> None:
+        """``[(device_block, cpu_block), ...]``."""
+        self.kv_cache.swap_out(pairs)
+
+    def swap_in(self, pairs: Sequence[tuple[int, int]]) -> None:
+        """``[(cpu_block, device_block), ...]``."""
+        self.kv_cache.swap_in(pairs)
+
+    def copy_blocks(self, pairs: Sequence[tuple[int, int]]) -> None:
+        """``[(src_device_block, dst_device_block), ...]``."""
+        self.kv_cache.copy_blocks(pairs)
+
+    def _validate(self, chunks: Sequence[ChunkInput]) -> None:
+        if not chunks:
+            raise ValueError("execute needs at least one chunk")
+        cfg, bs = self.config, self.block_size
+        for i, c in enumerate(chunks):
+            n = len(c.token_ids)
+            if n < 1:
+                raise ValueError(f"chunk {i}: token_ids is empty")
+            if c.start_pos < 0:
+                raise ValueError(f"chunk {i}: start_pos {c.start_pos} is negative")
+            end = c.start_pos + n
+            if end > cfg.max_position_embeddings:
+                raise ValueError(
+                    f"chunk {i}: positions up to {end - 1} exceed the model's {cfg.max_position_embeddings} positions"
+                )
+            if min(c.token_ids) < 0 or max(c.token_ids) >= cfg.vocab_size:
+                raise ValueError(f"chunk {i}: token id out of range [0, {cfg.vocab_size})")
+            need = -(-end // bs)
+            if len(c.block_table) < need:
+                raise ValueError(
+                    f"chunk {i}: block table has {len(c.block_table)} blocks, positions [0, {end}) need {need}"
+                )
+            used = c.block_table[:need]
+            if min(used) < 0 or max(used) >= self.kv_cache.num_device_blocks:
+                raise ValueError(f"chunk {i}: block id out of range [0, {self.kv_cache.num_device_blocks})")
+
+    @torch.inference_mode()
+    def execute(self, chunks: Sequence[ChunkInput]) -> torch.Tensor:
+        """One forward over all chunks packed together.
+
+        Returns float32 logits ``[n_want, vocab]`` on the runner's device, one row per
+        chunk with ``want_logits``, in the order of ``chunks``.
+        """
+        self._validate(chunks)
+        # Single-token chunks first: attention batches them in one call.
+        order = sorted(range(len(chunks)), key=lambda i: len(chunks[i].token_ids) > 1)
+        ids: list[int] = []
+        last_row = [0] * len(chunks)
+        for i in order:
+            ids.extend(chunks[i].token_ids)
+            last_row[i] = len(ids) - 1
+        packed = [chunks[i] for i in order]
+        positions = torch.cat([torch.arange(c.start_pos, c.start_pos + len(c.token_ids)) for c in packed])
+        meta = build_metadata(
+            [(c.start_pos, len(c.token_ids), c.block_table) for c in packed], self.block_size, self.device, self.dtype
+        )
+        input_ids = torch.tensor(ids, dtype=torch.long).to(self.device)
+        hidden = self.model(input_ids, positions.to(self.device), meta, self.kv_cache.layers)
+        rows = [last_row[i] for i, c in enumerate(chunks) if c.want_logits]
+        if not rows:
+            return torch.empty(0, self.config.vocab_size, dtype=torch.float32, device=self.device)
+        return self.model.compute_logits(hidden[torch.tensor(rows, device=self.device)])

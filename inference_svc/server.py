@@ -1,0 +1,79 @@
+"""`streamrag serve inference`: the Inference gRPC service over the native engine."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+from pathlib import Path
+
+from inference_svc.chat_format import chat_format
+from inference_svc.engine.engine import EngineConfig
+from inference_svc.engine.factory import EngineSpec, build_engine
+from inference_svc.engine_thread import EngineThread
+from inference_svc.metrics import InferenceMetrics
+from inference_svc.servicer import InferenceServicer
+from protos import inference_pb2, inference_pb2_grpc
+from servicekit.config import ServiceConfig, service_config_from_args
+from servicekit.server import ServiceRunner, configure_logging
+
+log = logging.getLogger(__name__)
+SERVICE_NAME = inference_pb2.DESCRIPTOR.services_by_name["Inference"].full_name
+
+
+def engine_spec_from_args(args: argparse.Namespace) -> EngineSpec:
+    from inference_svc.embedded_model import prepare_embedded_model
+
+    for name in ("kv_device_blocks", "kv_device_bytes", "kv_cpu_blocks", "token_budget", "max_running", "max_streams"):
+        value = getattr(args, name, None)
+        if value is not None and value < (0 if name == "kv_cpu_blocks" else 1):
+            raise SystemExit(f"error: --{name.replace('_', '-')} must be positive, got {value}")
+    model_dir = args.model or prepare_embedded_model(progress=False)
+    if not (Path(model_dir) / "config.json").exists():
+        raise SystemExit(f"error: {model_dir} is not a model directory (no config.json)")
+    return EngineSpec(
+        model_dir=Path(model_dir), device=args.device, dtype=args.dtype, kv_device_blocks=args.kv_device_blocks,
+        kv_device_bytes=args.kv_device_bytes, kv_cpu_blocks=args.kv_cpu_blocks,
+        engine=EngineConfig(block_size=args.block_size, token_budget=args.token_budget, max_running=args.max_running,
+                            policy=args.policy, eviction=args.eviction))
+
+
+class InferenceService:
+    """Engine + engine thread + servicer + gRPC server: start/stop as one unit (also used by tests)."""
+
+    def __init__(self, spec: EngineSpec, config: ServiceConfig, max_streams: int = 256, backend: str = "native"):
+        self.engine = build_engine(spec)
+        self.metrics = InferenceMetrics()
+        self.thread = EngineThread(self.engine, lambda s, ev: self.metrics.observe(self.engine, s, ev))
+        runner = self.engine.runner
+        info = inference_pb2.ModelInfo(
+            model=spec.model_dir.name, context_length=self.engine.max_model_len, block_size=spec.engine.block_size,
+            policy=self.engine.policy.name, backend=backend, eviction_mode=spec.engine.eviction, dtype=spec.dtype,
+            device=str(runner.device), chat_format=chat_format(self.engine.tokenizer.tokenizer, runner.eos_token_ids),
+            vocab_size=runner.config.vocab_size, token_budget=spec.engine.token_budget)
+        self.servicer = InferenceServicer(self.thread, info, self.metrics, max_streams)
+        self.runner = ServiceRunner(config, [(inference_pb2_grpc.add_InferenceServicer_to_server, self.servicer)],
+                                    [SERVICE_NAME], registry=self.metrics.registry)
+
+    async def start(self, handle_signals: bool = True) -> int:
+        self.thread.start()
+        return await self.runner.start(handle_signals=handle_signals)
+
+    async def stop(self, grace_s: float | None = None) -> None:
+        await self.runner.stop(grace_s)
+        self.thread.stop()
+
+
+async def serve(args: argparse.Namespace) -> None:
+    configure_logging(args.log_level)
+    service = InferenceService(engine_spec_from_args(args), service_config_from_args("inference", args),
+                               args.max_streams, args.backend)
+    port = await service.start()
+    print(f"inference service on {args.host}:{port} (metrics :{service.runner.metrics_port})", flush=True)
+    await service.runner.wait()
+    service.thread.stop()
+
+
+def main(args: argparse.Namespace) -> int:
+    asyncio.run(serve(args))
+    return 0

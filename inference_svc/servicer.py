@@ -1,0 +1,258 @@
+"""The `Inference` gRPC servicer: a thin translation layer over the engine thread.
+
+Each StreamPrompt call reads client messages in a background task (open → append/update →
+finish) while the handler streams the request's events back. Any protocol violation ends
+the call with a status code and aborts the request in the engine, so its blocks are freed
+at the next step; so does the client cancelling or its deadline passing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+import grpc
+
+from inference_svc.convert import (
+    BadRequest,
+    check_request_id,
+    done_to_proto,
+    event_to_proto,
+    sampling_from_proto,
+    segments_from_proto,
+)
+from inference_svc.engine.engine import DuplicateRequestError, Engine, EngineInputError, PromptTooLongError
+from inference_svc.engine.events import EngineEvent, EventKind
+from inference_svc.engine.policies import POLICIES
+from inference_svc.engine_thread import EngineThread, RequestSummary
+from inference_svc.metrics import InferenceMetrics
+from protos import inference_pb2, inference_pb2_grpc
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class StreamError:
+    """Raised inside the reader task; ends the call with this status."""
+
+    code: grpc.StatusCode
+    message: str
+
+
+def status_for(exc: Exception) -> StreamError:
+    if isinstance(exc, PromptTooLongError):
+        return StreamError(grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc))
+    if isinstance(exc, DuplicateRequestError):
+        return StreamError(grpc.StatusCode.ALREADY_EXISTS, str(exc))
+    if isinstance(exc, BadRequest | EngineInputError):
+        return StreamError(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+    return StreamError(grpc.StatusCode.INTERNAL, f"internal error: {exc}")
+
+
+class InferenceServicer(inference_pb2_grpc.InferenceServicer):
+    def __init__(self, engine_thread: EngineThread, model_info: inference_pb2.ModelInfo,
+                 metrics: InferenceMetrics, max_streams: int = 256) -> None:
+        self.engine_thread = engine_thread
+        self.model_info = model_info
+        self.metrics = metrics
+        self.max_streams = max_streams
+        self._active: set[str] = set()
+        self._clock_offset_s = time.time() - time.monotonic()
+
+    # --- RPCs -----------------------------------------------------------------------
+    async def StreamPrompt(self, request_iterator, context) -> AsyncIterator[inference_pb2.StreamPromptResponse]:
+        async with self._stream_slot(context):
+            first = await self._first_message(request_iterator, context)
+            opening = first.update.open
+            request_id = await self._admit(opening.request_id, context)
+            try:
+                segments = await self._parse(context, segments_from_proto, opening.segments)
+                sampling = await self._parse(context, sampling_from_proto, opening.sampling,
+                                             opening.HasField("sampling"))
+                await self._check_policy_hint(opening.policy_hint, context)
+                events = self.engine_thread.subscribe(request_id)
+                await self._engine_call(context, lambda e: e.open(request_id, segments, sampling, opening.priority))
+                reader = asyncio.create_task(self._read_rest(request_iterator, request_id, events))
+                try:
+                    async for event in self._pump(request_id, events, context):
+                        yield inference_pb2.StreamPromptResponse(event=event)
+                finally:
+                    reader.cancel()
+            finally:
+                self._release(request_id)
+
+    async def Generate(self, request, context) -> AsyncIterator[inference_pb2.GenerateResponse]:
+        async with self._stream_slot(context):
+            request_id = await self._admit(request.request_id, context)
+            try:
+                segments = await self._parse(context, segments_from_proto, request.segments)
+                sampling = await self._parse(context, sampling_from_proto, request.sampling,
+                                             request.HasField("sampling"))
+                await self._check_policy_hint(request.policy_hint, context)
+                events = self.engine_thread.subscribe(request_id)
+
+                def start(engine: Engine) -> None:
+                    engine.open(request_id, segments, sampling, request.priority)
+                    try:
+                        engine.finish(request_id)
+                    except Exception:
+                        engine.abort(request_id)
+                        engine.release(request_id)
+                        raise
+
+                await self._engine_call(context, start)
+                async for event in self._pump(request_id, events, context):
+                    yield inference_pb2.GenerateResponse(event=event)
+            finally:
+                self._release(request_id)
+
+    async def Describe(self, request, context) -> inference_pb2.DescribeResponse:
+        return inference_pb2.DescribeResponse(model_info=self.model_info)
+
+    async def GetStats(self, request, context) -> inference_pb2.GetStatsResponse:
+        stats = await self.engine_thread.call(self._snapshot)
+        stats.max_concurrent_streams = self.max_streams
+        stats.num_active = len(self._active)
+        return inference_pb2.GetStatsResponse(stats=stats)
+
+    # --- stream plumbing --------------------------------------------------------------
+    def _stream_slot(self, context):
+        servicer = self
+
+        class Slot:
+            async def __aenter__(self):
+                if len(servicer._active) >= servicer.max_streams:
+                    await servicer._abort(context, grpc.StatusCode.RESOURCE_EXHAUSTED,
+                                          f"too many open streams (limit {servicer.max_streams})")
+                servicer.metrics.open_streams.inc()
+
+            async def __aexit__(self, *exc):
+                servicer.metrics.open_streams.dec()
+                return False
+
+        return Slot()
+
+    async def _first_message(self, request_iterator, context):
+        try:
+            first = await anext(aiter(request_iterator))
+        except StopAsyncIteration:
+            await self._abort(context, grpc.StatusCode.INVALID_ARGUMENT, "empty stream: the first message must be open")
+        if first.update.WhichOneof("kind") != "open":
+            await self._abort(context, grpc.StatusCode.INVALID_ARGUMENT,
+                              f"the first message must be open, got {first.update.WhichOneof('kind') or 'nothing'}")
+        return first
+
+    async def _admit(self, request_id: str, context) -> str:
+        request_id = request_id or uuid.uuid4().hex
+        try:
+            check_request_id(request_id)
+        except BadRequest as exc:
+            await self._abort(context, grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        if request_id in self._active:
+            await self._abort(context, grpc.StatusCode.ALREADY_EXISTS, f"request {request_id!r} is already open")
+        self._active.add(request_id)
+        return request_id
+
+    def _release(self, request_id: str) -> None:
+        """The call is over: abort the request if it is still in the engine (frees its blocks)."""
+        self._active.discard(request_id)
+        self.engine_thread.unsubscribe(request_id)
+        self.engine_thread.abort_soon(request_id)
+
+    async def _parse(self, context, fn, *args):
+        try:
+            return fn(*args)
+        except BadRequest as exc:
+            await self._abort(context, grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+
+    async def _check_policy_hint(self, hint: str, context) -> None:
+        """The policy is engine-wide; a hint must at least name a real policy."""
+        if hint and hint not in POLICIES:
+            await self._abort(context, grpc.StatusCode.INVALID_ARGUMENT,
+                              f"unknown policy hint {hint!r}; choose one of {', '.join(POLICIES)}")
+
+    async def _engine_call(self, context, fn) -> None:
+        try:
+            await self.engine_thread.call(fn)
+        except Exception as exc:
+            error = status_for(exc)
+            await self._abort(context, error.code, error.message)
+
+    async def _read_rest(self, request_iterator, request_id: str, events: asyncio.Queue) -> None:
+        """Apply append/update/finish as they arrive; a violation ends the call via the queue."""
+        finished = False
+        try:
+            async for message in request_iterator:
+                kind = message.update.WhichOneof("kind")
+                if finished:
+                    raise BadRequest(f"{kind or 'message'} after finish")
+                if kind == "open":
+                    raise BadRequest("the stream is already open: a second open is not allowed")
+                if kind is None:
+                    raise BadRequest("a PromptUpdate must set open, append, update or finish")
+                payload = getattr(message.update, kind)
+                segments = segments_from_proto(payload.segments)
+                if kind == "append":
+                    await self.engine_thread.call(lambda e, s=segments: e.append(request_id, s))
+                elif kind == "update":
+                    await self.engine_thread.call(lambda e, s=segments: e.update(request_id, s))
+                else:
+                    await self.engine_thread.call(lambda e, s=segments: e.finish(request_id, s))
+                    finished = True
+            if not finished:
+                raise BadRequest("the client closed its stream before finish")
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            events.put_nowait(status_for(exc))
+
+    async def _pump(self, request_id: str, events: asyncio.Queue,
+                    context) -> AsyncIterator[inference_pb2.InferenceEvent]:
+        token_index = 0
+        while True:
+            item = await events.get()
+            if isinstance(item, RequestSummary):
+                self._observe_ttft(item)
+                yield done_to_proto(item)
+                return
+            if isinstance(item, StreamError):
+                await self._abort(context, item.code, item.message)
+            if isinstance(item, BaseException):
+                await self._abort(context, grpc.StatusCode.INTERNAL, f"engine error: {item}")
+            if isinstance(item, EngineEvent):
+                yield event_to_proto(item, token_index, self._clock_offset_s)
+                if item.kind is EventKind.TOKEN:
+                    token_index += 1
+
+    def _observe_ttft(self, summary: RequestSummary) -> None:
+        if summary.stats.first_token_time is not None:
+            self.metrics.ttft.labels("open").observe(summary.stats.ttft_from_open_s)
+            self.metrics.ttft.labels("last_chunk").observe(summary.stats.ttft_from_last_input_s)
+
+    async def _abort(self, context, code: grpc.StatusCode, message: str):
+        self.metrics.rpc_errors.labels(code.name).inc()
+        await context.abort(code, message)
+
+    # --- stats ----------------------------------------------------------------------
+    def _snapshot(self, engine: Engine) -> inference_pb2.EngineStats:
+        states = [r.state.value for r in engine.requests.values()]
+        c = engine.counters
+        return inference_pb2.EngineStats(
+            pools=[inference_pb2.BlockPoolStats(name=pool.name, total_blocks=pool.num_blocks,
+                                                free_blocks=pool.num_free, block_size=engine.kv.block_size,
+                                                bytes_per_block=getattr(engine.runner, "bytes_per_block", 0))
+                   for pool in (engine.kv.device, engine.kv.cpu)],
+            num_running=states.count("running"), num_waiting=states.count("waiting"),
+            num_swapped=states.count("swapped"), policy=engine.policy.name,
+            token_budget=engine.config.token_budget, model=self.model_info.model,
+            counters=inference_pb2.EngineCounters(
+                requests_received=c.requests_received, requests_finished=c.requests_finished,
+                requests_aborted=c.requests_aborted, prompt_tokens_computed=c.prompt_tokens_computed,
+                generated_tokens=c.generated_tokens, tokens_invalidated=c.tokens_invalidated,
+                preemptions_swap=c.preemptions_swap, preemptions_recompute=c.preemptions_recompute,
+                prefix_cache_hit_tokens=c.prefix_cache_hit_tokens, steps=c.steps),
+        )
