@@ -1,0 +1,117 @@
+"""Run the real Inference service on a loopback port (own thread and event loop) and talk to
+it through the generated stubs, as any client would."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import grpc
+
+from inference_svc.engine.engine import EngineConfig
+from inference_svc.engine.factory import EngineSpec
+from inference_svc.server import InferenceService
+from protos import common_pb2, inference_pb2, inference_pb2_grpc
+from servicekit.config import ServiceConfig
+
+
+class RunningInference:
+    def __init__(self, model_dir: Path, *, max_streams: int = 64, kv_device_blocks: int = 512,
+                 kv_cpu_blocks: int = 512, dtype: str = "float32", **engine: object) -> None:
+        self.spec = EngineSpec(model_dir=model_dir, dtype=dtype, kv_device_blocks=kv_device_blocks,
+                               kv_cpu_blocks=kv_cpu_blocks, engine=EngineConfig(**engine))
+        self.max_streams = max_streams
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, name="inference-test-server", daemon=True)
+        self.thread.start()
+        self.port = asyncio.run_coroutine_threadsafe(self._start(), self.loop).result(timeout=300)
+        self.address = f"127.0.0.1:{self.port}"
+        self.channel = grpc.insecure_channel(self.address)
+        self.stub = inference_pb2_grpc.InferenceStub(self.channel)
+
+    async def _start(self) -> int:
+        self.service = InferenceService(self.spec, ServiceConfig("inference", port=0, metrics_port=0),
+                                        self.max_streams)
+        return await self.service.start(handle_signals=False)
+
+    def stop(self) -> None:
+        self.channel.close()
+        asyncio.run_coroutine_threadsafe(self.service.stop(0), self.loop).result(timeout=30)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(timeout=30)
+
+    def stats(self) -> inference_pb2.EngineStats:
+        return self.stub.GetStats(inference_pb2.GetStatsRequest(), timeout=30).stats
+
+    def wait_until_all_blocks_free(self, timeout_s: float = 60.0) -> inference_pb2.EngineStats:
+        """Blocks of aborted requests are freed at the engine's next step: poll until they are."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            stats = self.stats()
+            if all(p.free_blocks == p.total_blocks for p in stats.pools) and stats.num_active == 0:
+                return stats
+            if time.monotonic() > deadline:
+                raise AssertionError(f"blocks still in use: {stats}")
+            time.sleep(0.05)
+
+
+# --- message builders -------------------------------------------------------------------
+def seg(text: str, key: str = "") -> common_pb2.Segment:
+    return common_pb2.Segment(text=text, key=key)
+
+
+def open_msg(request_id: str, segments: Iterable[common_pb2.Segment] = (), max_tokens: int = 8,
+             **sampling: object) -> inference_pb2.StreamPromptRequest:
+    params = common_pb2.SamplingParams(max_tokens=max_tokens, **sampling)
+    return inference_pb2.StreamPromptRequest(update=inference_pb2.PromptUpdate(
+        open=inference_pb2.PromptOpen(request_id=request_id, sampling=params, segments=list(segments))))
+
+
+def append_msg(*segments: common_pb2.Segment) -> inference_pb2.StreamPromptRequest:
+    return inference_pb2.StreamPromptRequest(update=inference_pb2.PromptUpdate(
+        append=inference_pb2.PromptAppend(segments=list(segments))))
+
+
+def update_msg(*segments: common_pb2.Segment) -> inference_pb2.StreamPromptRequest:
+    return inference_pb2.StreamPromptRequest(update=inference_pb2.PromptUpdate(
+        update=inference_pb2.PromptReplace(segments=list(segments))))
+
+
+def finish_msg(*segments: common_pb2.Segment) -> inference_pb2.StreamPromptRequest:
+    return inference_pb2.StreamPromptRequest(update=inference_pb2.PromptUpdate(
+        finish=inference_pb2.PromptFinish(segments=list(segments))))
+
+
+@dataclass
+class Answer:
+    tokens: list[int] = field(default_factory=list)
+    text: str = ""
+    lifecycle: list[str] = field(default_factory=list)
+    done: inference_pb2.InferenceDone | None = None
+
+
+def collect(responses: Iterator) -> Answer:
+    answer = Answer()
+    for response in responses:
+        event = response.event
+        kind = event.WhichOneof("kind")
+        if kind == "token":
+            answer.tokens.append(event.token.id)
+            answer.text += event.token.text
+        elif kind == "lifecycle":
+            answer.lifecycle.append(common_pb2.LifecycleEventKind.Name(event.lifecycle.kind))
+        elif kind == "done":
+            answer.done = event.done
+    return answer
+
+
+def paced(messages: Iterable, gap_s: float = 0.0) -> Iterator:
+    """Send messages with a pause between them, like a retriever streaming chunks."""
+    for i, message in enumerate(messages):
+        if i and gap_s:
+            time.sleep(gap_s)
+        yield message
