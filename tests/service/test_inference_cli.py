@@ -23,9 +23,9 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def test_flag_choices_match_the_engine():
-    assert POLICY_CHOICES == list(POLICIES)
-    assert EVICTION_CHOICES == list(EVICTION_MODES)
-    assert DTYPE_CHOICES == list(DTYPES)
+    assert list(POLICIES) == POLICY_CHOICES
+    assert list(EVICTION_MODES) == EVICTION_CHOICES
+    assert list(DTYPES) == DTYPE_CHOICES
 
 
 def test_serve_inference_command_serves_and_stops_on_sigterm(embedded_model_dir):

@@ -151,10 +151,8 @@ def test_twenty_concurrent_mixed_streams_complete_correctly(inference):
     def run(i: int) -> None:
         try:
             docs = doc_sets[i]
-            if i % 2 == 0:
-                body = [append_msg(d) for d in docs]
-            else:
-                body = [update_msg(DOCS[0]), update_msg(*docs)]
+            appends = [append_msg(d) for d in docs]
+            body = appends if i % 2 == 0 else [update_msg(DOCS[0]), update_msg(*docs)]
             messages = [open_msg(f"mix{i}", HEAD, max_tokens=4), *body, finish_msg(*SUFFIX)]
             answers[i] = collect(inference.stub.StreamPrompt(paced(messages, 0.05), timeout=300))
         except BaseException as exc:   # surfaced below
