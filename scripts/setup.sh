@@ -41,6 +41,18 @@ step "installing streamrag and its dependencies"
 step "preparing the embedded model"
 .venv/bin/streamrag model prepare
 
+# 4. The cost model's profile for this machine (recompute vs swap latency), measured once.
+if ! .venv/bin/python - <<'PY'
+import sys
+from inference_svc.embedded_model import default_cache_dir, embedded_model_dir
+from inference_svc.engine.cost_model import profile_path
+sys.exit(0 if profile_path(default_cache_dir(), "cpu", embedded_model_dir().name, "bfloat16").exists() else 1)
+PY
+then
+  step "profiling recompute and swap latency for the cost model (about a minute)"
+  .venv/bin/streamrag profile
+fi
+
 if ((run_demo)); then
   step "demo"
   .venv/bin/streamrag demo

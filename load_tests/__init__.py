@@ -1,0 +1,1 @@
+"""Workload traces, replay benchmarks and locust load tests (the workloads issue fills this in)."""
