@@ -50,6 +50,12 @@ def _cmd_serve_inference(args: argparse.Namespace) -> int:
     return serve_inference(args)
 
 
+def _cmd_serve_retriever(args: argparse.Namespace) -> int:
+    from retriever_svc.server import main as serve_retriever
+
+    return serve_retriever(args)
+
+
 def _cmd_demo(args: argparse.Namespace) -> int:
     print("streamrag demo: the streamed RAG answer needs the inference service, retrievers and "
           "orchestrator, which are not built yet. Set-up is complete: the embedded model is in "
@@ -87,6 +93,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_inference_args(inference)
     inference.set_defaults(handler=_cmd_serve_inference)
+    retriever = serve_cmds.add_parser("retriever", help="a Retriever gRPC service (anns, crawler or replay)")
+    from retriever_svc.server_args import add_retriever_args
+
+    add_retriever_args(retriever)
+    retriever.set_defaults(handler=_cmd_serve_retriever)
 
     profile = commands.add_parser("profile", help="measure recompute and swap latency for the cost model")
     profile.add_argument("--model", type=Path, default=None, help="model directory (default: the embedded model)")

@@ -1,0 +1,48 @@
+"""`streamrag serve retriever --kind anns|crawler|replay`: one Retriever service process."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import importlib
+
+from protos import retriever_pb2, retriever_pb2_grpc
+from retriever_svc.server_args import default_port
+from retriever_svc.service import RetrieverBackend, RetrieverMetrics, RetrieverServicer
+from servicekit.config import DEFAULT_PORTS, ServiceConfig, metrics_port_for, service_config_from_args
+from servicekit.server import ServiceRunner, configure_logging
+
+SERVICE_NAME = retriever_pb2.DESCRIPTOR.services_by_name["Retriever"].full_name
+# kind -> module exposing `build_backend(args) -> RetrieverBackend`
+BACKENDS = {"anns": "retriever_svc.anns", "crawler": "retriever_svc.crawler", "replay": "retriever_svc.replay"}
+
+
+def build_backend(args: argparse.Namespace) -> RetrieverBackend:
+    return importlib.import_module(BACKENDS[args.kind]).build_backend(args)
+
+
+def service_config(args: argparse.Namespace) -> ServiceConfig:
+    config = service_config_from_args("anns", args)
+    if args.kind != "anns":   # the flags defaulted to the ANNS ports: move to this kind's
+        port = default_port(args.kind) if args.port == DEFAULT_PORTS["anns"] else args.port
+        metrics = config.metrics_port
+        if metrics == metrics_port_for("anns"):
+            metrics = metrics_port_for("crawler") if args.kind == "crawler" else metrics_port_for("anns") + 20
+        config = ServiceConfig(service=args.kind, host=args.host, port=port, metrics_port=metrics, grace_s=args.grace)
+    return config
+
+
+async def serve(args: argparse.Namespace) -> None:
+    configure_logging(args.log_level)
+    metrics = RetrieverMetrics()
+    servicer = RetrieverServicer(build_backend(args), metrics)
+    runner = ServiceRunner(service_config(args), [(retriever_pb2_grpc.add_RetrieverServicer_to_server, servicer)],
+                           [SERVICE_NAME], registry=metrics.registry)
+    port = await runner.start()
+    print(f"{args.kind} retriever on {args.host}:{port} (metrics :{runner.metrics_port})", flush=True)
+    await runner.wait()
+
+
+def main(args: argparse.Namespace) -> int:
+    asyncio.run(serve(args))
+    return 0

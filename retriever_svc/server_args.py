@@ -1,0 +1,39 @@
+"""Flags of `streamrag serve retriever` for every kind (no heavy imports: `--help` is instant)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from servicekit.config import DEFAULT_PORTS, add_service_args, env_default
+
+KINDS = ["anns", "crawler", "replay"]
+
+
+def add_retriever_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--kind", required=True, choices=KINDS, help="which retriever to run")
+    # Port/metrics defaults are the ANNS ones; server.py moves them to the crawler's when --kind crawler.
+    add_service_args(parser, "anns")
+    env = lambda key, default: env_default("retriever", key, default)  # noqa: E731
+    anns = parser.add_argument_group("anns")
+    anns.add_argument("--index", type=Path, default=env("index", None),
+                      help="index directory from `streamrag index build` (default: the cache's)")
+    anns.add_argument("--l-schedule", default=env("l_schedule", "16,32,64,128,256"),
+                      help="growing search list sizes L; the last is the final, full search")
+    anns.add_argument("--beam-width", type=int, default=env("beam_width", 8))
+    crawler = parser.add_argument_group("crawler")
+    crawler.add_argument("--start-url", action="append", default=None,
+                         help="where crawls start (default: the corpus server's index page)")
+    crawler.add_argument("--allow-host", action="append", default=None,
+                         help="hosts the crawler may fetch (default: the start URLs' hosts)")
+    crawler.add_argument("--max-pages", type=int, default=env("max_pages", 30))
+    crawler.add_argument("--max-depth", type=int, default=env("max_depth", 2))
+    replay = parser.add_argument_group("replay")
+    replay.add_argument("--trace", type=Path, default=env("trace", None), help="trace file (JSON lines)")
+    replay.add_argument("--time-scale", type=float, default=env("time_scale", 1.0),
+                        help="multiply the trace's gaps by this")
+    parser.add_argument("--log-level", default=env("log_level", "INFO"))
+
+
+def default_port(kind: str) -> int:
+    return {"anns": DEFAULT_PORTS["anns"], "crawler": DEFAULT_PORTS["crawler"], "replay": 50063}[kind]
