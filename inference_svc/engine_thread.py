@@ -89,9 +89,11 @@ class EngineThread:
     # --- the engine thread ----------------------------------------------------------
     def _run(self) -> None:
         engine = self.engine
+        stalled = False
         while not self._stop.is_set():
-            busy = engine.has_work()
-            self._apply_commands(block=not busy)
+            # Wait for a command when idle, or when the last step could run nothing (a request
+            # waiting on memory that only another request's progress or abort will free).
+            self._apply_commands(block=stalled or not engine.has_work())
             if self._stop.is_set():
                 break
             try:
@@ -99,6 +101,7 @@ class EngineThread:
                     started = time.perf_counter()
                     events = engine.step()
                     elapsed = time.perf_counter() - started
+                    stalled = engine.last_step_tokens == 0 and not events
                     self._dispatch(events)
                     if self._on_step is not None:
                         self._on_step(elapsed, events)

@@ -56,6 +56,12 @@ def _cmd_serve_retriever(args: argparse.Namespace) -> int:
     return serve_retriever(args)
 
 
+def _cmd_trace_record(args: argparse.Namespace) -> int:
+    from retriever_svc.trace_record import run_trace_record
+
+    return run_trace_record(args)
+
+
 def _cmd_demo(args: argparse.Namespace) -> int:
     print("streamrag demo: the streamed RAG answer needs the inference service, retrievers and "
           "orchestrator, which are not built yet. Set-up is complete: the embedded model is in "
@@ -98,6 +104,14 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_retriever_args(retriever)
     retriever.set_defaults(handler=_cmd_serve_retriever)
+
+    trace = commands.add_parser("trace", help="record retrieval traces")
+    trace_cmds = trace.add_subparsers(dest="trace_command", metavar="ACTION", required=True)
+    record = trace_cmds.add_parser("record", help="record a running Retriever's streams into a trace file")
+    from retriever_svc.trace_record import add_trace_record_args
+
+    add_trace_record_args(record)
+    record.set_defaults(handler=_cmd_trace_record)
 
     profile = commands.add_parser("profile", help="measure recompute and swap latency for the cost model")
     profile.add_argument("--model", type=Path, default=None, help="model directory (default: the embedded model)")

@@ -112,6 +112,9 @@ class RetrieverServicer(retriever_pb2_grpc.RetrieverServicer):
             # changing the caller's document list in either mode.
             yield retriever_pb2.RetrieveResponse(chunk=retriever_pb2.ContextChunk(
                 seq=seq, mode=retriever_pb2.CHUNK_MODE_APPEND, final=True, emitted_unix_ms=int(time.time() * 1000)))
+        except InvalidQuery as exc:   # what only the backend can judge (replay: an unknown query_id)
+            self.metrics.errors.labels("INVALID_ARGUMENT").inc()
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         finally:
             await chunks.aclose()
             self.metrics.duration.observe(time.monotonic() - started)

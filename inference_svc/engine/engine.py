@@ -111,6 +111,7 @@ class Engine:
         self._generators: dict[str, torch.Generator | None] = {}
         self._text: dict[str, str] = {}
         self._events: list[EngineEvent] = []
+        self.last_step_tokens = 0     # tokens the last step computed (0: nothing could run)
 
     # --- caller input ---------------------------------------------------------------
     def open(self, request_id: str, segments: Sequence[Segment], sampling: SamplingParams,
@@ -204,6 +205,7 @@ class Engine:
             self.cost_model.observe_swap(blocks, (time.perf_counter() - started) * 1e3)
         if out.chunks:
             self._run(out)
+        self.last_step_tokens = out.num_tokens
         self.counters.steps += 1
         events, self._events = self._events, []
         return events
