@@ -61,6 +61,7 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
         self.metrics = metrics
         self.max_streams = max_streams
         self._active: set[str] = set()
+        self._open_streams = 0
         self._clock_offset_s = time.time() - time.monotonic()
 
     # --- RPCs -----------------------------------------------------------------------
@@ -125,12 +126,15 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
 
         class Slot:
             async def __aenter__(self):
-                if len(servicer._active) >= servicer.max_streams:
+                # Count calls, not admitted ids: a call holds its slot before its first message.
+                if servicer._open_streams >= servicer.max_streams:
                     await servicer._abort(context, grpc.StatusCode.RESOURCE_EXHAUSTED,
                                           f"too many open streams (limit {servicer.max_streams})")
+                servicer._open_streams += 1
                 servicer.metrics.open_streams.inc()
 
             async def __aexit__(self, *exc):
+                servicer._open_streams -= 1
                 servicer.metrics.open_streams.dec()
                 return False
 

@@ -152,11 +152,7 @@ class Engine:
         invalidated = request.num_computed_tokens - valid
         request.prompt_token_ids = new_tokens
         request.context_segments = list(segments)
-        copies = self.kv.truncate(request_id, valid)
-        if copies:
-            self.runner.copy_blocks(copies)
-        request.num_computed_tokens = self.kv.valid_tokens_after_truncate(request_id, valid)
-        invalidated += valid - request.num_computed_tokens
+        invalidated += valid - self._invalidate_from(request, valid)
         if invalidated:
             request.stats.tokens_invalidated += invalidated
             self.counters.tokens_invalidated += invalidated
@@ -172,6 +168,10 @@ class Engine:
         self._set_prompt(request, tokens)
         request.suffix_segments = list(suffix)
         request.context_complete = True
+        if request.num_pending_tokens == 0:
+            # Everything is prefilled but the last chunk produced no logits (the context was not
+            # complete then): recompute the last token. Truncating copies a shared block first.
+            self._invalidate_from(request, request.num_computed_tokens - 1)
         self._input_arrived(request)
 
     def abort(self, request_id: str) -> None:
@@ -289,6 +289,14 @@ class Engine:
         if request.is_finished or request.context_complete:
             raise EngineInputError(f"{action}: request {request_id!r} is already finished")
         return request
+
+    def _invalidate_from(self, request: Request, valid: int) -> int:
+        """Drop KV from token `valid` on; returns the computed tokens left."""
+        copies = self.kv.truncate(request.request_id, valid)
+        if copies:
+            self.runner.copy_blocks(copies)
+        request.num_computed_tokens = self.kv.valid_tokens_after_truncate(request.request_id, valid)
+        return request.num_computed_tokens
 
     def _encode(self, segments: Sequence[Segment]) -> list[int]:
         ids = self.tokenizer.encode_all(segments)

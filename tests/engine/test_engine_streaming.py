@@ -201,3 +201,18 @@ def test_bad_input_raises_clear_errors_and_changes_nothing():
     engine.abort("e")
     run_to_completion(engine)
     assert engine.kv.device.num_free == 8
+
+
+def test_finish_without_suffix_after_full_prefill_still_answers():
+    engine = fake_engine(budget=256)
+    engine.open("a", HEAD + DOCS, GREEDY)                 # a shares b's full blocks via the prefix cache
+    engine.open("b", HEAD + DOCS, GREEDY)
+    for _ in range(10):
+        engine.step()
+    assert engine.requests["b"].num_pending_tokens == 0
+    engine.finish("b")                                    # nothing added: the last token must run again
+    engine.finish("a", SUFFIX)
+    events = run_to_completion(engine)
+    assert tokens_of(events, "b") == expected_output(prompt_tokens(engine, HEAD + DOCS), 6)
+    assert tokens_of(events, "a") == expected_output(prompt_tokens(engine, HEAD + DOCS + SUFFIX), 6)
+    engine.kv.check_invariants()
