@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Iterable
+from itertools import islice, takewhile
 
 
 class NoFreeBlocksError(RuntimeError):
@@ -37,14 +38,13 @@ class BlockPool:
         free = self._free
         if n > len(free):
             raise NoFreeBlocksError(f"{self.name} pool: need {n} blocks, {len(free)} free")
-        popitem, hash_of, ref_counts = free.popitem, self._hash_of, self.ref_counts
-        blocks = []
-        for _ in range(n):
-            block = popitem(last=False)[0]
+        blocks = list(islice(free, n))  # the first n in line
+        ref_counts, hash_of = self.ref_counts, self._hash_of
+        for block in blocks:
+            del free[block]
             if block in hash_of:
                 self.unregister(block)  # its old content is about to be overwritten
             ref_counts[block] = 1
-            blocks.append(block)
         return blocks
 
     def incref(self, block: int) -> None:
@@ -78,6 +78,10 @@ class BlockPool:
     # --- prefix cache ---------------------------------------------------------------
     def lookup(self, content_hash: int) -> int | None:
         return self._block_of.get(content_hash)
+
+    def num_leading_cached(self, content_hashes: Iterable[int]) -> int:
+        """How many of `content_hashes`, from the first, are in the index (stops at the first miss)."""
+        return len(list(takewhile(self._block_of.__contains__, content_hashes)))
 
     def register(self, block: int, content_hash: int) -> None:
         if content_hash in self._block_of or block in self._hash_of:

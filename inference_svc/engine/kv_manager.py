@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Sequence
+from itertools import islice
 
 from inference_svc.engine.block_pool import BlockPool
 
@@ -106,14 +107,16 @@ class KVCacheManager:
             return 0
         num_blocks = (len(token_ids) + len(tail)) // self.block_size
         chain = self._hash_chains.setdefault(request_id, [])
-        lookup = self.device.lookup
-        matched = 0
-        while matched < num_blocks:
-            if matched >= len(chain):  # hash lazily: stop at the first block not cached
-                self._extend_chain(chain, token_ids, tail, matched + 1)
-            if lookup(chain[matched]) is None:
-                break
-            matched += 1
+        known = min(len(chain), num_blocks)
+        matched = self.device.num_leading_cached(islice(chain, known))
+        if matched == known:
+            lookup = self.device.lookup
+            while matched < num_blocks:
+                if matched >= len(chain):  # hash lazily: stop at the first block not cached
+                    self._extend_chain(chain, token_ids, tail, matched + 1)
+                if lookup(chain[matched]) is None:
+                    break
+                matched += 1
         return matched * self.block_size
 
     def register_computed(self, request_id: str, token_ids: Sequence[int], num_computed: int,

@@ -76,19 +76,21 @@ class DefaultPolicy(Policy):
         running = RequestState.RUNNING
         holding = [r for r in requests if r.state is running]
         holding.sort(key=_admitted_seq)
-        if len(holding) == len(requests):
+        if not holding:
+            others = sorted(requests, key=_arrival)
+        elif len(holding) == len(requests):
             return holding
-        others = sorted((r for r in requests if r.state is not running), key=_arrival)
+        else:
+            others = sorted([r for r in requests if r.state is not running], key=_arrival)
         # key (-preempted_at, arrival_time): arrival-sorted, then a stable descending sort
         preempted = [r for r in others if r.preempted_at is not None]
-        if preempted:
-            preempted.sort(key=_preempted_at, reverse=True)
-            holding += preempted
-            if len(preempted) == len(others):
-                return holding
-            holding += [r for r in others if r.preempted_at is None]
-        else:
+        if not preempted:
             holding += others
+            return holding
+        preempted.sort(key=_preempted_at, reverse=True)
+        holding += preempted
+        if len(preempted) < len(others):
+            holding += [r for r in others if r.preempted_at is None]
         return holding
 
 
@@ -108,14 +110,9 @@ class LCASPolicy(Policy):
 
     def order(self, requests: Sequence[Request], ctx: PolicyContext) -> list[Request]:
         now, starvation_s = ctx.now, self.starvation_s
-        rescued: list[Request] = []
+        rescued = [r for r in requests if (since := r.passed_over_since) is not None and now - since > starvation_s]
         rest = requests
-        # `now - since > starvation_s` only grows as `since` decreases, so nobody is starved
-        # unless the longest-passed-over request is (the common case: one cheap pass).
-        since = [r.passed_over_since for r in requests if r.passed_over_since is not None]
-        if since and now - min(since) > starvation_s:
-            rescued = [r for r in requests
-                       if r.passed_over_since is not None and now - r.passed_over_since > starvation_s]
+        if rescued:
             rescued.sort(key=_passed_over_since)
             rest = [r for r in requests
                     if r.passed_over_since is None or not now - r.passed_over_since > starvation_s]

@@ -67,7 +67,7 @@ class RequestStats:
         return None if self.first_token_time is None else self.first_token_time - self.last_input_time
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class Request:
     request_id: str
     sampling: SamplingParams

@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 from inference_svc.engine.cost_model import CostModel
-from inference_svc.engine.kv_manager import BlockPairs, KVCacheManager, blocks_for
+from inference_svc.engine.kv_manager import BlockPairs, KVCacheManager
 from inference_svc.engine.policies import Policy, PolicyContext
 from inference_svc.engine.request import Request, RequestState
 
@@ -130,14 +130,20 @@ class Scheduler:
         not_chosen: list[Request] = []
         for position, request in enumerate(ranked):
             start = request.num_computed_tokens
-            n = min(len(request.prompt_token_ids) + len(request.output_token_ids) - start, budget)  # pending
+            # n = min(request.num_pending_tokens, budget), footprint = max(blocks_for(start + n, bs), cpu blocks)
+            n = len(request.prompt_token_ids) + len(request.output_token_ids) - start
             if n <= 0:
                 not_chosen.append(request)
                 continue
-            footprint = max(blocks_for(start + n, bs), num_cpu_blocks(request.request_id))
+            if n > budget:
+                n = budget
+            footprint = -(-(start + n) // bs)
+            cpu_blocks = num_cpu_blocks(request.request_id)
+            if cpu_blocks > footprint:
+                footprint = cpu_blocks
             if footprint > capacity:
                 n = capacity * bs - start  # a prefill chunk may shrink to what fits
-                if n <= 0 or request.is_decoding or num_cpu_blocks(request.request_id) > capacity:
+                if n <= 0 or request.is_decoding or cpu_blocks > capacity:
                     not_chosen.append(request)
                     continue
                 footprint = capacity
@@ -170,8 +176,11 @@ class Scheduler:
                 if request.stats.first_scheduled_time is None:
                     request.stats.first_scheduled_time = now
                 out.newly_scheduled.append(request)
+        finished = RequestState.FINISHED
         for request in plan.not_chosen:
-            if request.passed_over_since is None and request.is_runnable:
+            # passed over if runnable (`Request.is_runnable`, inlined: this visits every request)
+            if (request.passed_over_since is None and request.state is not finished
+                    and len(request.prompt_token_ids) + len(request.output_token_ids) > request.num_computed_tokens):
                 request.passed_over_since = now
         return out
 
