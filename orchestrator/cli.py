@@ -24,10 +24,11 @@ def _cmd_model_prepare(args: argparse.Namespace) -> int:
 
 
 def _cmd_profile(args: argparse.Namespace) -> int:
-    from inference_svc.embedded_model import default_cache_dir, prepare_embedded_model
+    from inference_svc.embedded_model import prepare_embedded_model
     from inference_svc.engine.cost_model import profile_path
     from inference_svc.engine.factory import DTYPES, device_kind
     from inference_svc.engine.profiler import measure_profile, write_profile
+    from servicekit.config import default_cache_dir
 
     model_dir = args.model or prepare_embedded_model(progress=False)
     tokens = [int(t) for t in args.tokens.split(",")]
@@ -54,6 +55,42 @@ def _cmd_serve_retriever(args: argparse.Namespace) -> int:
     from retriever_svc.server import main as serve_retriever
 
     return serve_retriever(args)
+
+
+def _cmd_ask(args: argparse.Namespace) -> int:
+    from orchestrator.ask_cli import run_ask
+
+    return run_ask(args)
+
+
+def _cmd_requests(args: argparse.Namespace) -> int:
+    from orchestrator.ask_cli import run_requests
+
+    return run_requests(args)
+
+
+def _cmd_serve_orchestrator(args: argparse.Namespace) -> int:
+    from orchestrator.server import main as serve_orchestrator
+
+    return serve_orchestrator(args)
+
+
+def _cmd_serve_corpus(args: argparse.Namespace) -> int:
+    from retriever_svc.corpus_server import run_serve_corpus
+
+    return run_serve_corpus(args)
+
+
+def _cmd_index_build(args: argparse.Namespace) -> int:
+    from retriever_svc.corpus.index import run_index_build
+
+    return run_index_build(args)
+
+
+def _cmd_bench_retrieval(args: argparse.Namespace) -> int:
+    from retriever_svc.retrieval_bench import run_bench_retrieval
+
+    return run_bench_retrieval(args)
 
 
 def _cmd_trace_record(args: argparse.Namespace) -> int:
@@ -92,6 +129,15 @@ def build_parser() -> argparse.ArgumentParser:
     prepare.add_argument("--quiet", action="store_true", help="no progress display")
     prepare.set_defaults(handler=_cmd_model_prepare)
 
+    from orchestrator.ask_cli import add_ask_args, add_requests_args
+
+    ask = commands.add_parser("ask", help="ask a question; the answer streams as retrieval goes on")
+    add_ask_args(ask)
+    ask.set_defaults(handler=_cmd_ask)
+    requests = commands.add_parser("requests", help="recent requests, or one request's lifecycle from Redis")
+    add_requests_args(requests)
+    requests.set_defaults(handler=_cmd_requests)
+
     serve = commands.add_parser("serve", help="run one service in the foreground")
     serve_cmds = serve.add_subparsers(dest="serve_command", metavar="SERVICE", required=True)
     inference = serve_cmds.add_parser("inference", help="the Inference gRPC service (native engine)")
@@ -99,11 +145,29 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_inference_args(inference)
     inference.set_defaults(handler=_cmd_serve_inference)
+    orchestrator = serve_cmds.add_parser("orchestrator", help="the Orchestrator gRPC service (Ask, GetRequest)")
+    from orchestrator.server_args import add_orchestrator_args
+
+    add_orchestrator_args(orchestrator)
+    orchestrator.set_defaults(handler=_cmd_serve_orchestrator)
+    corpus = serve_cmds.add_parser("corpus", help="serve the HTML corpus on loopback for the crawler")
+    from retriever_svc.corpus_server import add_serve_corpus_args
+
+    add_serve_corpus_args(corpus)
+    corpus.set_defaults(handler=_cmd_serve_corpus)
     retriever = serve_cmds.add_parser("retriever", help="a Retriever gRPC service (anns, crawler or replay)")
     from retriever_svc.server_args import add_retriever_args
 
     add_retriever_args(retriever)
     retriever.set_defaults(handler=_cmd_serve_retriever)
+
+    index = commands.add_parser("index", help="build the passage store and DiskANN index")
+    index_cmds = index.add_subparsers(dest="index_command", metavar="ACTION", required=True)
+    build = index_cmds.add_parser("build", help="extract, split, embed and index an HTML tree (default: Python docs)")
+    from retriever_svc.corpus.index import add_index_build_args
+
+    add_index_build_args(build)
+    build.set_defaults(handler=_cmd_index_build)
 
     trace = commands.add_parser("trace", help="record retrieval traces")
     trace_cmds = trace.add_subparsers(dest="trace_command", metavar="ACTION", required=True)
@@ -132,6 +196,11 @@ def build_parser() -> argparse.ArgumentParser:
     engine.add_argument("--repeats", type=int, default=3)
     engine.add_argument("--json", type=Path, default=None, help="write the results here")
     engine.set_defaults(handler=_cmd_bench_engine)
+    retrieval = bench_cmds.add_parser("retrieval", help="ANNS stage latency and recall against exact search")
+    from retriever_svc.retrieval_bench import add_bench_retrieval_args
+
+    add_bench_retrieval_args(retrieval)
+    retrieval.set_defaults(handler=_cmd_bench_retrieval)
 
     demo = commands.add_parser("demo", help="run a streamed RAG answer on the local stack")
     demo.set_defaults(handler=_cmd_demo)

@@ -18,7 +18,7 @@ def add_retriever_args(parser: argparse.ArgumentParser) -> None:
     anns = parser.add_argument_group("anns")
     anns.add_argument("--index", type=Path, default=env("index", None),
                       help="index directory from `streamrag index build` (default: the cache's)")
-    anns.add_argument("--l-schedule", default=env("l_schedule", "16,32,64,128,256"),
+    anns.add_argument("--l-schedule", default=env("l_schedule", "16,64,256"),
                       help="growing search list sizes L; the last is the final, full search")
     anns.add_argument("--beam-width", type=int, default=env("beam_width", 8))
     crawler = parser.add_argument_group("crawler")

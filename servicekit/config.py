@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import os
 from dataclasses import dataclass
+from pathlib import Path
 
 # Default gRPC ports per service (design: further inference replicas take 50053, 50054, ...).
 DEFAULT_PORTS: dict[str, int] = {
@@ -29,6 +30,12 @@ METRICS_OFFSETS: dict[str, int] = {
     "crawler": 3,
     "corpus": 4,
 }
+
+
+def default_cache_dir() -> Path:
+    """Where prepared models, indexes and profiles live: `$STREAMRAG_CACHE_DIR` or ~/.cache/streamrag."""
+    env = os.environ.get("STREAMRAG_CACHE_DIR")
+    return Path(env).expanduser() if env else Path.home() / ".cache" / "streamrag"
 
 
 def env_name(service: str, key: str) -> str:

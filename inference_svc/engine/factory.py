@@ -13,13 +13,13 @@ from pathlib import Path
 
 import torch
 
-from inference_svc.embedded_model import default_cache_dir
 from inference_svc.engine.cost_model import CostModel, profile_path
 from inference_svc.engine.engine import Engine, EngineConfig
 from inference_svc.engine.kv_cache import kv_bytes_per_block, num_blocks_for_bytes
 from inference_svc.engine.model_runner import ModelRunner
 from inference_svc.engine.models import load_config
 from inference_svc.engine.tokenization import SegmentTokenizer
+from servicekit.config import default_cache_dir
 
 log = logging.getLogger(__name__)
 

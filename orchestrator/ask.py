@@ -1,0 +1,352 @@
+"""One `Ask`, end to end: retrieve, relay, prefill as context arrives, stream the answer.
+
+Streaming on: open `StreamPrompt` with the head (instructions + question) at once, relay
+every retrieved chunk as it arrives (`append` / `update` on the merged document list),
+`finish` with the suffix when retrieval ends or its deadline passes. Streaming off (the
+baseline): wait for retrieval to end, then one `Generate` with the very same segments.
+
+Three tasks feed one output queue that `run()` drains: the retrievers (one task each), the
+relay (retrieval → inference), and the inference reader (inference → caller). A retriever
+that fails or stalls only ends its own contribution; an inference replica that fails before
+the first token is replaced once by another replica, which is sent the prompt so far.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+import grpc
+
+from orchestrator.documents import MergedDocuments
+from orchestrator.prompt import document_segment, head_segments, preamble_key, suffix_segments
+from protos import common_pb2, inference_pb2, orchestrator_pb2, retriever_pb2, retriever_pb2_grpc
+
+log = logging.getLogger(__name__)
+
+RETRIEVER_NAMES = {
+    orchestrator_pb2.RETRIEVER_CHOICE_ANNS: ["anns"],
+    orchestrator_pb2.RETRIEVER_CHOICE_CRAWLER: ["crawler"],
+    orchestrator_pb2.RETRIEVER_CHOICE_BOTH: ["anns", "crawler"],
+    orchestrator_pb2.RETRIEVER_CHOICE_NONE: [],
+    orchestrator_pb2.RETRIEVER_CHOICE_REPLAY: ["replay"],
+}
+DEFAULT_TOP_K = 5
+DEFAULT_DEADLINE_MS = 20_000
+DEFAULT_MAX_TOKENS = 128
+MAX_QUESTION_CHARS = 2000
+
+
+class BadAsk(ValueError):
+    pass
+
+
+@dataclass(frozen=True)
+class AskSettings:
+    request_id: str
+    question: str
+    retrievers: list[str]
+    streamed: bool
+    top_k: int
+    deadline_s: float
+    sampling: common_pb2.SamplingParams
+    retriever_options: dict[str, str]
+
+
+def validate_ask(request: orchestrator_pb2.AskRequest, available: set[str]) -> AskSettings:
+    question = request.question.strip()
+    if not question:
+        raise BadAsk("question must not be empty")
+    if len(request.question) > MAX_QUESTION_CHARS:
+        raise BadAsk(f"question is {len(request.question)} characters; the limit is {MAX_QUESTION_CHARS}")
+    choice = request.retriever or orchestrator_pb2.RETRIEVER_CHOICE_ANNS
+    if choice not in RETRIEVER_NAMES:
+        raise BadAsk(f"unknown retriever choice {request.retriever}")
+    retrievers = RETRIEVER_NAMES[choice]
+    missing = [name for name in retrievers if name not in available]
+    if missing:
+        raise BadAsk(f"retriever {', '.join(missing)} is not configured on this orchestrator")
+    max_tokens = request.max_tokens or request.sampling.max_tokens or DEFAULT_MAX_TOKENS
+    if not 1 <= max_tokens <= 4096:
+        raise BadAsk(f"max_tokens must be in [1, 4096], got {max_tokens}")
+    top_k = request.top_k or DEFAULT_TOP_K
+    if not 1 <= top_k <= 50:
+        raise BadAsk(f"top_k must be in [1, 50], got {request.top_k}")
+    deadline_ms = request.retrieval_deadline_ms or DEFAULT_DEADLINE_MS
+    if not 1 <= deadline_ms <= 600_000:
+        raise BadAsk(f"retrieval_deadline_ms must be in [1, 600000], got {request.retrieval_deadline_ms}")
+    sampling = common_pb2.SamplingParams()
+    sampling.CopyFrom(request.sampling)
+    sampling.max_tokens = max_tokens
+    request_id = request.request_id or uuid.uuid4().hex
+    if len(request_id) > 128 or not request_id.isprintable():
+        raise BadAsk("request_id must be printable and at most 128 characters")
+    return AskSettings(request_id, question, retrievers, not request.no_stream, top_k, deadline_ms / 1000, sampling,
+                       dict(request.retriever_options))
+
+
+@dataclass
+class Timeline:
+    started: float = field(default_factory=time.monotonic)
+    retrieval_end: float | None = None
+    first_token: float | None = None
+
+
+class InferenceSession:
+    """The StreamPrompt call to one replica, and everything sent so far (to replay on a retry)."""
+
+    def __init__(self, stub, request_id: str, sampling: common_pb2.SamplingParams) -> None:
+        self.request_id = request_id
+        self.sampling = sampling
+        self.sent: list[inference_pb2.StreamPromptRequest] = []
+        self.call = None
+        self._open(stub)
+
+    def _open(self, stub) -> None:
+        self.call = stub.StreamPrompt()
+
+    async def send(self, update: inference_pb2.PromptUpdate) -> None:
+        message = inference_pb2.StreamPromptRequest(update=update)
+        self.sent.append(message)
+        await self.call.write(message)
+
+    async def reopen(self, stub, request_id: str) -> None:
+        """Move to another replica and send it the whole prompt so far."""
+        self.call.cancel()
+        self._open(stub)
+        for message in self.sent:
+            if message.update.WhichOneof("kind") == "open":
+                message.update.open.request_id = request_id
+            await self.call.write(message)
+
+
+class AskPipeline:
+    def __init__(self, settings: AskSettings, router, retriever_stubs: dict[str, retriever_pb2_grpc.RetrieverStub],
+                 store, chat_formats) -> None:
+        self.s = settings
+        self.router = router
+        self.retriever_stubs = retriever_stubs
+        self.store = store
+        self.chat_formats = chat_formats      # async (replica) -> ChatFormat (Describe, cached)
+        self.docs = MergedDocuments()
+        self.timeline = Timeline()
+        self.out: asyncio.Queue = asyncio.Queue()
+        self.answer = ""
+        self.replica = None
+        self.session: InferenceSession | None = None
+        self.tasks: list[asyncio.Task] = []
+
+    # --- the caller's view ------------------------------------------------------------
+    async def run(self) -> AsyncIterator[orchestrator_pb2.AskEvent]:
+        s = self.s
+        self.replica = self.router.choose(preamble_key())
+        chat = await self.chat_formats(self.replica)
+        await self.store.create(s.request_id, s.question, retriever=",".join(s.retrievers) or "none",
+                                streamed=s.streamed, replica=self.replica.address)
+        yield orchestrator_pb2.AskEvent(started=orchestrator_pb2.AskStarted(
+            request_id=s.request_id, replica=self.replica.address, retriever=",".join(s.retrievers),
+            streamed=s.streamed))
+        retrieval: asyncio.Queue = asyncio.Queue()
+        try:
+            for name in s.retrievers:
+                self.tasks.append(asyncio.create_task(self._retrieve(name, retrieval)))
+            if s.streamed:
+                self.tasks.append(asyncio.create_task(self._relay_streaming(chat, retrieval)))
+            else:
+                self.tasks.append(asyncio.create_task(self._relay_baseline(chat, retrieval)))
+            while True:
+                item = await self.out.get()
+                if isinstance(item, BaseException):
+                    raise item
+                yield item
+                if item.WhichOneof("kind") == "done":
+                    return
+        finally:   # done, failed or the caller went away: stop everything upstream
+            if self.session is not None:
+                self.session.call.cancel()
+            for task in self.tasks:
+                task.cancel()
+            await asyncio.gather(*self.tasks, return_exceptions=True)
+
+    # --- retrieval ----------------------------------------------------------------------
+    async def _retrieve(self, name: str, retrieval: asyncio.Queue) -> None:
+        request = retriever_pb2.RetrieveRequest(query=self.s.question, top_k=self.s.top_k,
+                                                deadline_ms=int(self.s.deadline_s * 1000),
+                                                options=self.s.retriever_options, request_id=self.s.request_id)
+        try:
+            async for response in self.retriever_stubs[name].Retrieve(request, timeout=self.s.deadline_s + 5):
+                await retrieval.put((name, response.chunk))
+                if response.chunk.final:
+                    break
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:   # go on with what arrived; the error is recorded
+            detail = exc.details() if isinstance(exc, grpc.RpcError) else str(exc)
+            log.warning("%s: retriever %s failed: %s", self.s.request_id, name, detail)
+            await self.store.event(self.s.request_id, "ERROR", source=name, detail=detail)
+            await self.out.put(_lifecycle(common_pb2.LIFECYCLE_EVENT_KIND_ERROR, f"retriever {name}: {detail}"))
+        finally:
+            await retrieval.put((name, None))   # this retriever is done
+
+    async def _retrieved(self, retrieval: asyncio.Queue):
+        """Yield (source, chunk) until every retriever is done or the deadline passes."""
+        pending = set(self.s.retrievers)
+        deadline = self.timeline.started + self.s.deadline_s
+        while pending:
+            try:
+                name, chunk = await asyncio.wait_for(retrieval.get(), max(0.0, deadline - time.monotonic()))
+            except TimeoutError:
+                await self.store.event(self.s.request_id, "ERROR", detail="retrieval deadline passed")
+                break
+            if chunk is None:
+                pending.discard(name)
+                continue
+            yield name, chunk
+        self.timeline.retrieval_end = time.monotonic()
+
+    async def _note_chunk(self, name: str, chunk: retriever_pb2.ContextChunk) -> None:
+        await self.store.event(self.s.request_id, "RETRIEVAL_CHUNK", source=name, seq=chunk.seq,
+                               mode=retriever_pb2.ChunkMode.Name(chunk.mode), docs=len(chunk.documents),
+                               final=chunk.final)
+        await self.out.put(orchestrator_pb2.AskEvent(retrieval=orchestrator_pb2.RetrievalProgress(
+            seq=chunk.seq, mode=chunk.mode, num_documents=len(self.docs.all), final=chunk.final, source=name,
+            elapsed_s=time.monotonic() - self.timeline.started,
+            documents=[common_pb2.Document(id=d.id, title=d.title, url=d.url, score=d.score, source=name)
+                       for d in chunk.documents])))
+
+    # --- streaming relay ----------------------------------------------------------------
+    async def _relay_streaming(self, chat, retrieval: asyncio.Queue) -> None:
+        try:
+            session = self.session = InferenceSession(self.replica.stub, self.s.request_id, self.s.sampling)
+            reader = asyncio.create_task(self._read_inference(session, chat))
+            self.tasks.append(reader)
+            await session.send(inference_pb2.PromptUpdate(open=inference_pb2.PromptOpen(
+                request_id=self.s.request_id, sampling=self.s.sampling,
+                segments=head_segments(chat, self.s.question))))
+            async for name, chunk in self._retrieved(retrieval):
+                action, docs = self.docs.apply(chunk)
+                await self._note_chunk(name, chunk)
+                if action == "append":
+                    await session.send(inference_pb2.PromptUpdate(append=inference_pb2.PromptAppend(
+                        segments=[document_segment(d) for d in docs])))
+                elif action == "update":
+                    await session.send(inference_pb2.PromptUpdate(update=inference_pb2.PromptReplace(
+                        segments=[document_segment(d) for d in docs])))
+            await session.send(inference_pb2.PromptUpdate(finish=inference_pb2.PromptFinish(
+                segments=suffix_segments(chat, self.s.question))))
+            await session.call.done_writing()
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            await self.out.put(exc)
+
+    async def _read_inference(self, session: InferenceSession, chat) -> None:
+        retried = False
+        while True:
+            try:
+                async for response in session.call:
+                    await self._on_inference_event(response.event)
+                return
+            except asyncio.CancelledError:
+                raise
+            except grpc.RpcError as exc:
+                retryable = exc.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.INTERNAL,
+                                           grpc.StatusCode.UNKNOWN)
+                if retryable and not retried and self.timeline.first_token is None:
+                    retried = True
+                    failed = self.replica.address
+                    self.router.mark_failed(failed)
+                    try:
+                        self.replica = self.router.choose(preamble_key(), exclude={failed})
+                    except Exception:
+                        await self.out.put(_status(grpc.StatusCode.UNAVAILABLE, f"no replica left after {failed}"))
+                        return
+                    await self.store.event(self.s.request_id, "ERROR", detail=f"replica {failed} failed: "
+                                           f"{exc.details()}; retrying on {self.replica.address}")
+                    await self.store.update(self.s.request_id, replica=self.replica.address)
+                    await session.reopen(self.replica.stub, self.s.request_id)
+                    continue
+                code = grpc.StatusCode.UNAVAILABLE if retryable else exc.code()
+                await self.out.put(_status(code, f"inference failed: {exc.details()}"))
+                return
+
+    # --- non-streaming baseline ---------------------------------------------------------
+    async def _relay_baseline(self, chat, retrieval: asyncio.Queue) -> None:
+        try:
+            async for name, chunk in self._retrieved(retrieval):
+                self.docs.apply(chunk)
+                await self._note_chunk(name, chunk)
+            segments = (head_segments(chat, self.s.question) + [document_segment(d) for d in self.docs.all]
+                        + suffix_segments(chat, self.s.question))
+            request = inference_pb2.GenerateRequest(request_id=self.s.request_id, segments=segments,
+                                                    sampling=self.s.sampling)
+            for attempt in range(2):
+                try:
+                    async for response in self.replica.stub.Generate(request):
+                        await self._on_inference_event(response.event)
+                    return
+                except grpc.RpcError as exc:
+                    if attempt or self.timeline.first_token is not None or exc.code() not in (
+                            grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN):
+                        await self.out.put(_status(exc.code(), f"inference failed: {exc.details()}"))
+                        return
+                    self.router.mark_failed(self.replica.address)
+                    self.replica = self.router.choose(preamble_key(), exclude={self.replica.address})
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            await self.out.put(exc)
+
+    # --- inference events -----------------------------------------------------------------
+    async def _on_inference_event(self, event: inference_pb2.InferenceEvent) -> None:
+        kind = event.WhichOneof("kind")
+        if kind == "lifecycle":
+            name = common_pb2.LifecycleEventKind.Name(event.lifecycle.kind).removeprefix("LIFECYCLE_EVENT_KIND_")
+            await self.store.event(self.s.request_id, name, detail=event.lifecycle.detail,
+                                   count=event.lifecycle.count)
+            await self.out.put(orchestrator_pb2.AskEvent(lifecycle=event.lifecycle))
+        elif kind == "token":
+            if self.timeline.first_token is None:
+                self.timeline.first_token = time.monotonic()
+            self.answer += event.token.text
+            await self.out.put(orchestrator_pb2.AskEvent(token=event.token))
+        elif kind == "done":
+            await self.out.put(await self._done(event.done))
+
+    async def _done(self, done: inference_pb2.InferenceDone) -> orchestrator_pb2.AskEvent:
+        t = self.timeline
+        end = t.retrieval_end or t.started
+        ttft_q = (t.first_token - t.started) if t.first_token else 0.0
+        ttft_r = (t.first_token - end) if t.first_token else 0.0
+        total = time.monotonic() - t.started
+        self.router.note_served(self.replica.address, preamble_key())
+        await self.store.update(self.s.request_id, state="FINISHED", answer=done.text, ttft_from_question_s=ttft_q,
+                                ttft_from_retrieval_end_s=ttft_r,
+                                finish_reason=common_pb2.FinishReason.Name(done.finish_reason))
+        await self.store.event(self.s.request_id, "DONE", ttft_from_question_s=round(ttft_q, 4),
+                               ttft_from_retrieval_end_s=round(ttft_r, 4), total_s=round(total, 4))
+        sources = [common_pb2.Document(id=d.id, title=d.title, url=d.url, score=d.score, source=d.source)
+                   for d in self.docs.all]
+        return orchestrator_pb2.AskEvent(done=orchestrator_pb2.AskDone(
+            answer=done.text, sources=sources, ttft_from_question_s=ttft_q, ttft_from_retrieval_end_s=ttft_r,
+            request_id=self.s.request_id, stats=done.stats, finish_reason=done.finish_reason,
+            replica=self.replica.address, retrieval_s=end - t.started, total_s=total))
+
+
+def _lifecycle(kind: int, detail: str) -> orchestrator_pb2.AskEvent:
+    return orchestrator_pb2.AskEvent(lifecycle=common_pb2.LifecycleEvent(
+        kind=kind, monotonic_s=time.monotonic(), unix_ms=int(time.time() * 1000), detail=detail))
+
+
+@dataclass
+class AskFailed(Exception):
+    code: grpc.StatusCode
+    message: str
+
+
+def _status(code: grpc.StatusCode, message: str) -> AskFailed:
+    return AskFailed(code, message)

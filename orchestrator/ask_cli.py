@@ -1,0 +1,153 @@
+"""`streamrag ask` and `streamrag requests`: the user's side of the Orchestrator API.
+
+`ask` prints the answer as it streams, with a live status line on stderr (retrieval chunks,
+engine lifecycle), then the sources and both latencies; `--json` prints one JSON object.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+import grpc
+
+from protos import common_pb2, orchestrator_pb2, orchestrator_pb2_grpc
+
+CHOICES = {"anns": orchestrator_pb2.RETRIEVER_CHOICE_ANNS, "crawler": orchestrator_pb2.RETRIEVER_CHOICE_CRAWLER,
+           "both": orchestrator_pb2.RETRIEVER_CHOICE_BOTH, "none": orchestrator_pb2.RETRIEVER_CHOICE_NONE,
+           "replay": orchestrator_pb2.RETRIEVER_CHOICE_REPLAY}
+
+
+def add_ask_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("question")
+    parser.add_argument("--retriever", choices=list(CHOICES), default="anns")
+    parser.add_argument("--no-stream", action="store_true", help="the baseline: prompt sent once retrieval ends")
+    parser.add_argument("--max-tokens", type=int, default=128)
+    parser.add_argument("--top-k", type=int, default=0)
+    parser.add_argument("--deadline-ms", type=int, default=0, help="retrieval deadline")
+    parser.add_argument("--json", action="store_true", help="print one JSON object at the end instead")
+    parser.add_argument("--orchestrator", default="127.0.0.1:50051")
+    parser.add_argument("--timeout", type=float, default=600.0)
+
+
+def add_requests_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("request_id", nargs="?", help="show one request's lifecycle (default: list recent ones)")
+    parser.add_argument("--orchestrator", default="127.0.0.1:50051")
+    parser.add_argument("--redis", default="redis://127.0.0.1:6379/0", help="for listing recent requests")
+    parser.add_argument("--limit", type=int, default=20)
+
+
+class StatusLine:
+    """One self-overwriting line on stderr (only on a terminal)."""
+
+    def __init__(self, enabled: bool) -> None:
+        self.enabled = enabled and sys.stderr.isatty()
+
+    def show(self, text: str) -> None:
+        if self.enabled:
+            sys.stderr.write("\r\033[K" + text[:150])
+            sys.stderr.flush()
+
+    def clear(self) -> None:
+        self.show("")
+
+
+def run_ask(args: argparse.Namespace) -> int:
+    request = orchestrator_pb2.AskRequest(question=args.question, retriever=CHOICES[args.retriever],
+                                          no_stream=args.no_stream, max_tokens=args.max_tokens, top_k=args.top_k,
+                                          retrieval_deadline_ms=args.deadline_ms)
+    status = StatusLine(not args.json)
+    started = time.monotonic()
+    answer_started = False
+    chunks = 0
+    done = None
+    try:
+        with grpc.insecure_channel(args.orchestrator) as channel:
+            stub = orchestrator_pb2_grpc.OrchestratorStub(channel)
+            for response in stub.Ask(request, timeout=args.timeout):
+                event = response.event
+                kind = event.WhichOneof("kind")
+                if kind == "retrieval":
+                    chunks += 1
+                    status.show(f"[{time.monotonic() - started:5.1f}s] retrieval: {chunks} chunks from "
+                                f"{event.retrieval.source}, {event.retrieval.num_documents} documents")
+                elif kind == "lifecycle" and not answer_started:
+                    name = common_pb2.LifecycleEventKind.Name(event.lifecycle.kind).removeprefix(
+                        "LIFECYCLE_EVENT_KIND_")
+                    status.show(f"[{time.monotonic() - started:5.1f}s] engine: {name.lower()} "
+                                f"{event.lifecycle.count or ''} ({chunks} retrieval chunks so far)")
+                elif kind == "token" and not args.json:
+                    if not answer_started:
+                        status.clear()
+                        answer_started = True
+                    sys.stdout.write(event.token.text)
+                    sys.stdout.flush()
+                elif kind == "done":
+                    done = event.done
+    except grpc.RpcError as exc:
+        status.clear()
+        print(f"error: {exc.code().name}: {exc.details()}", file=sys.stderr)
+        return 1
+    status.clear()
+    if done is None:
+        print("error: the answer ended without a result", file=sys.stderr)
+        return 1
+    if args.json:
+        print(json.dumps({
+            "request_id": done.request_id, "answer": done.answer, "streaming": not args.no_stream,
+            "sources": [{"title": s.title, "url": s.url, "id": s.id} for s in done.sources],
+            "ttft_from_question_s": round(done.ttft_from_question_s, 4),
+            "ttft_after_retrieval_s": round(done.ttft_from_retrieval_end_s, 4),
+            "retrieval_s": round(done.retrieval_s, 4), "total_s": round(done.total_s, 4), "replica": done.replica,
+        }))
+        return 0
+    print("\n\nSources:")
+    for source in done.sources:
+        print(f"  - {source.title or source.id}  {source.url}")
+    mode = "streaming" if not args.no_stream else "non-streaming"
+    print(f"\n{mode}: first token {done.ttft_from_question_s:.2f} s after the question, "
+          f"{done.ttft_from_retrieval_end_s:.2f} s after retrieval ended ({done.retrieval_s:.2f} s); "
+          f"request {done.request_id}")
+    return 0
+
+
+def run_requests(args: argparse.Namespace) -> int:
+    if args.request_id:
+        try:
+            with grpc.insecure_channel(args.orchestrator) as channel:
+                record = orchestrator_pb2_grpc.OrchestratorStub(channel).GetRequest(
+                    orchestrator_pb2.GetRequestRequest(request_id=args.request_id), timeout=30).record
+        except grpc.RpcError as exc:
+            print(f"error: {exc.code().name}: {exc.details()}", file=sys.stderr)
+            return 1
+        print(f"{record.request_id}  {orchestrator_pb2.RequestState.Name(record.state)}  replica {record.replica}")
+        print(f"question: {record.question}")
+        first = record.events[0].unix_ms if record.events else 0
+        for event in record.events:
+            fields = " ".join(f"{k}={v}" for k, v in sorted(event.fields.items()))
+            print(f"  +{(event.unix_ms - first) / 1000:8.3f}s  {event.kind:22s} {fields}")
+        if record.answer:
+            print(f"answer: {record.answer}")
+        return 0
+    import asyncio
+
+    from orchestrator.lifecycle_store import LifecycleStore, StoreUnavailable
+
+    async def recent():
+        store = LifecycleStore(args.redis)
+        await store.start()
+        try:
+            return await store.recent(args.limit)
+        finally:
+            await store.close()
+
+    try:
+        rows = asyncio.run(recent())
+    except StoreUnavailable as exc:
+        print(f"error: Redis at {args.redis} is unavailable: {exc}", file=sys.stderr)
+        return 1
+    for row in rows:
+        print(f"{row.request_id}  {row.state:10s} {row.question[:70]}")
+    return 0

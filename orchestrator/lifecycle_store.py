@@ -1,0 +1,535 @@
+"""The orchestrator's record of every request, kept in Redis.
+
+Per request, two keys that expire `ttl_s` after their last write:
+- a hash `streamrag:req:<id>`: question, state, replica, retriever, streamed,
+  created_unix_ms, updated_unix_ms, answer, ttft_from_question_s,
+  ttft_from_retrieval_end_s, error, stats (RequestStats as a JSON object);
+- a Redis Stream `streamrag:req:<id>:events`: one entry per event, with fields `kind`,
+  `unix_ms` and the event's own fields, all strings.
+Plus `streamrag:requests:recent`, a sorted set of request ids scored by creation time and
+trimmed to the newest `recent_max`.
+
+Writes never block or fail the answer path: `create`, `event` and `update` only append to an
+in-memory queue that one background task pipelines to Redis in order. While Redis is
+unreachable the queue keeps the writes (at most `buffer_max`; beyond that the oldest are
+dropped and counted) and the writer retries with backoff. When writes get through again,
+every request that had writes waiting or dropped gets a `REDIS_GAP` event with
+`since_unix_ms`, `until_unix_ms` and `dropped` (its writes lost).
+
+Stream entry ids ("<ms>-<seq>") are assigned when an event is recorded, not when it reaches
+Redis, so a request's events read back in the order they were recorded, across an outage
+too, and a batch re-sent after a connection broke mid-write is not stored twice.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+from collections import OrderedDict, deque
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import redis.asyncio as redis
+from google.protobuf.descriptor import FieldDescriptor
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import ResponseError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from protos import common_pb2, orchestrator_pb2
+
+log = logging.getLogger(__name__)
+
+RECENT_KEY = "streamrag:requests:recent"
+REDIS_GAP = "REDIS_GAP"
+
+_UNREACHABLE = (RedisConnectionError, RedisTimeoutError, OSError)
+_BATCH_MAX = 500  # writes per pipeline
+_STREAM_IDS_KEPT = 20_000  # requests whose last stream id is remembered
+_STATE_PREFIX = "REQUEST_STATE_"
+_RETRIEVER_PREFIX = "RETRIEVER_CHOICE_"
+_LIFECYCLE_PREFIX = "LIFECYCLE_EVENT_KIND_"
+_RECORD_FIELDS = frozenset({
+    "question", "state", "replica", "retriever", "streamed", "created_unix_ms", "updated_unix_ms", "answer",
+    "ttft_from_question_s", "ttft_from_retrieval_end_s", "error", "stats"})
+
+
+def request_key(request_id: str) -> str:
+    """The hash holding one request's fields."""
+    return f"streamrag:req:{request_id}"
+
+
+def events_key(request_id: str) -> str:
+    """The Redis Stream holding one request's events."""
+    return f"streamrag:req:{request_id}:events"
+
+
+def lifecycle_kind_name(kind: int) -> str:
+    """`LIFECYCLE_EVENT_KIND_QUEUED` -> "QUEUED", the kind string events are stored under."""
+    return common_pb2.LifecycleEventKind.Name(kind).removeprefix(_LIFECYCLE_PREFIX)
+
+
+class StoreUnavailable(Exception):
+    """Redis cannot be reached, so stored records cannot be read (the servicer's UNAVAILABLE)."""
+
+
+@dataclass
+class StoredEvent:
+    """One entry of a request's event stream."""
+
+    stream_id: str  # "<ms>-<seq>", ordered as recorded
+    kind: str  # "QUEUED", "RETRIEVAL_CHUNK", "REDIS_GAP", ...
+    unix_ms: int
+    fields: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class StoredRequest:
+    """One request as stored: the hash's fields and (from `get`) its events, oldest first."""
+
+    request_id: str
+    question: str = ""
+    state: str = ""  # RequestState name without its prefix: "RECEIVED", "FINISHED", ...
+    replica: str = ""
+    retriever: str = ""  # as given to `create`: "anns", "anns,crawler", "none", ...
+    streamed: bool = False
+    created_unix_ms: int = 0
+    updated_unix_ms: int = 0
+    answer: str = ""
+    ttft_from_question_s: float = 0.0
+    ttft_from_retrieval_end_s: float = 0.0
+    error: str = ""
+    stats: dict[str, float] = field(default_factory=dict)  # RequestStats field -> value
+    extra: dict[str, str] = field(default_factory=dict)  # other hash fields given to `update`
+    events: list[StoredEvent] = field(default_factory=list)
+
+    @classmethod
+    def from_redis(cls, request_id: str, fields: Mapping[str, str],
+                   entries: Sequence[tuple[str, Mapping[str, str]]] = ()) -> StoredRequest:
+        """Decode a hash (HGETALL) and stream entries (XRANGE) as written by `LifecycleStore`."""
+        events = []
+        for stream_id, entry in entries:
+            rest = dict(entry)
+            kind = rest.pop("kind", "")
+            unix_ms = int(rest.pop("unix_ms", "") or stream_id.partition("-")[0] or 0)
+            events.append(StoredEvent(stream_id, kind, unix_ms, rest))
+        return cls(
+            request_id=request_id,
+            question=fields.get("question", ""),
+            state=fields.get("state", ""),
+            replica=fields.get("replica", ""),
+            retriever=fields.get("retriever", ""),
+            streamed=fields.get("streamed") == "1",
+            created_unix_ms=int(fields.get("created_unix_ms") or 0),
+            updated_unix_ms=int(fields.get("updated_unix_ms") or 0),
+            answer=fields.get("answer", ""),
+            ttft_from_question_s=float(fields.get("ttft_from_question_s") or 0.0),
+            ttft_from_retrieval_end_s=float(fields.get("ttft_from_retrieval_end_s") or 0.0),
+            error=fields.get("error", ""),
+            stats=json.loads(fields["stats"]) if fields.get("stats") else {},
+            extra={name: value for name, value in fields.items() if name not in _RECORD_FIELDS},
+            events=events,
+        )
+
+
+def to_proto(stored: StoredRequest) -> orchestrator_pb2.RequestRecord:
+    """The `RequestRecord` that `Orchestrator.GetRequest` returns for a stored request."""
+    record = orchestrator_pb2.RequestRecord(
+        request_id=stored.request_id,
+        question=stored.question,
+        state=_enum_value(orchestrator_pb2.RequestState, _STATE_PREFIX, stored.state),
+        replica=stored.replica,
+        retriever=_retriever_choice(stored.retriever),
+        streamed=stored.streamed,
+        created_unix_ms=stored.created_unix_ms,
+        updated_unix_ms=stored.updated_unix_ms,
+        answer=stored.answer,
+        ttft_from_question_s=stored.ttft_from_question_s,
+        ttft_from_retrieval_end_s=stored.ttft_from_retrieval_end_s,
+        error=stored.error,
+    )
+    if stored.stats:
+        record.stats.CopyFrom(_stats_proto(stored.stats))
+    for event in stored.events:
+        record.events.add(stream_id=event.stream_id, kind=event.kind, unix_ms=event.unix_ms, fields=event.fields)
+    return record
+
+
+@dataclass(slots=True)
+class _Write:
+    """One queued write: hash fields to set, maybe a stream entry, maybe an index entry."""
+
+    request_id: str
+    hash_fields: dict[str, str]
+    entry: dict[str, str] | None = None
+    stream_id: str = ""
+    created_unix_ms: int | None = None
+    attempted: bool = False  # sent in a pipeline whose connection broke: it may be stored already
+
+
+class LifecycleStore:
+    """Records request lifecycles in Redis without ever making the caller wait for Redis.
+
+    `create`, `event` and `update` enqueue and return at once; `get` and `recent` read Redis
+    (plus writes still queued, for `get`) and raise `StoreUnavailable` when it is down.
+    Counters: `dropped` (writes lost to the buffer bound), `write_errors` (writes Redis
+    refused), `pending` (writes not yet stored), `available` (the last write got through).
+    """
+
+    def __init__(self, url: str, *, ttl_s: int = 86_400, recent_max: int = 1000, buffer_max: int = 10_000,
+                 retry_s: float = 0.5, retry_max_s: float = 5.0, timeout_s: float = 2.0) -> None:
+        self.url = url
+        self.ttl_s = ttl_s
+        self.recent_max = recent_max
+        self.buffer_max = buffer_max
+        self.retry_s = retry_s
+        self.retry_max_s = retry_max_s
+        self.timeout_s = timeout_s
+        self.dropped = 0
+        self.write_errors = 0
+        self._redis: redis.Redis | None = None
+        self._writer: asyncio.Task[None] | None = None
+        self._queue: deque[_Write] = deque()
+        self._inflight: list[_Write] = []
+        self._wakeup = asyncio.Event()
+        self._retry_now = asyncio.Event()
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self._failures = 0  # consecutive failed write attempts
+        self._gap_since: int | None = None  # when writes started waiting or getting dropped
+        self._gap: dict[str, int] = {}  # request id -> its writes dropped since `_gap_since`
+        self._last_ids: OrderedDict[str, tuple[int, int]] = OrderedDict()
+
+    # -- life -------------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Connect lazily and start the background writer; Redis need not be up yet."""
+        if self._writer is not None:
+            return
+        self._redis = redis.Redis.from_url(
+            self.url, decode_responses=True, socket_connect_timeout=self.timeout_s,
+            socket_timeout=self.timeout_s, retry=Retry(NoBackoff(), 1),
+        )
+        self._writer = asyncio.create_task(self._write_loop(), name="lifecycle-store-writer")
+
+    async def close(self, timeout_s: float = 5.0) -> int:
+        """Flush what can be flushed within `timeout_s`, stop; returns the writes left unstored."""
+        if self._writer is not None:
+            await self.flush(timeout_s)
+            self._writer.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._writer
+            self._writer = None
+        if self._redis is not None:
+            await self._redis.aclose()
+            self._redis = None
+        if self.pending:
+            log.warning("lifecycle store closed with %d writes not stored in Redis", self.pending)
+        return self.pending
+
+    async def __aenter__(self) -> LifecycleStore:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.close()
+
+    async def flush(self, timeout_s: float | None = None) -> bool:
+        """Wait until every queued write is stored (retrying now if Redis was down); False on timeout."""
+        self._retry_now.set()
+        try:
+            await asyncio.wait_for(self._idle.wait(), timeout_s)
+        except TimeoutError:
+            return False
+        return True
+
+    @property
+    def pending(self) -> int:
+        """Writes not yet stored in Redis."""
+        return len(self._queue) + len(self._inflight)
+
+    @property
+    def available(self) -> bool:
+        """False while the last write attempt could not reach Redis."""
+        return self._failures == 0
+
+    # -- writes (enqueue only) ---------------------------------------------------------------
+
+    async def create(self, request_id: str, question: str, *, retriever: int | str, streamed: bool,
+                     replica: str = "") -> None:
+        """Record a new request (state RECEIVED) and add it to the recent index.
+
+        `retriever` is a `RetrieverChoice` value (stored as its lower-case short name, "anns")
+        or the names of the retrievers used, comma-separated ("anns,crawler", "none").
+        """
+        now = _now_ms()
+        fields = {"question": question, "state": "RECEIVED", "replica": replica,
+                  "retriever": self._encode_field("retriever", retriever), "streamed": _text(streamed),
+                  "created_unix_ms": str(now), "updated_unix_ms": str(now)}
+        self._enqueue(_Write(request_id, fields, created_unix_ms=now))
+
+    async def event(self, request_id: str, kind: str | int, *, unix_ms: int | None = None, **fields: Any) -> None:
+        """Append an event to the request's stream and bump its updated_unix_ms.
+
+        `kind` is a string ("RETRIEVAL_CHUNK", "QUEUED", "FIRST_TOKEN", ...) or a
+        `LifecycleEventKind` value; `unix_ms` is when it happened (default: now); the other
+        keyword arguments are stored as strings (bools as "1"/"0"; None is left out).
+        """
+        name = lifecycle_kind_name(kind) if isinstance(kind, int) else kind
+        self._enqueue(self._event_write(request_id, name, unix_ms, fields))
+
+    async def update(self, request_id: str, **fields: Any) -> None:
+        """Set hash fields and bump updated_unix_ms; a None value leaves its field as it is.
+
+        The record's fields: `state` (a `RequestState` value or its name, with or without the
+        prefix: stored as the short name, "FINISHED"), `replica`, `retriever` (see `create`),
+        `streamed`, `answer`, `error`, `ttft_from_question_s`, `ttft_from_retrieval_end_s`,
+        `stats` (a `RequestStats` or a mapping of its fields). Any other name (e.g.
+        `finish_reason`) is stored as a string and read back in `StoredRequest.extra`.
+        """
+        encoded = {name: self._encode_field(name, value) for name, value in fields.items() if value is not None}
+        if encoded:
+            encoded["updated_unix_ms"] = str(_now_ms())
+            self._enqueue(_Write(request_id, encoded))
+
+    # -- reads --------------------------------------------------------------------------------
+
+    async def get(self, request_id: str) -> StoredRequest | None:
+        """The request's fields and events in recorded order (writes still queued included); None if unknown."""
+        client = self._client()
+        queued = [w for w in (*self._inflight, *self._queue) if w.request_id == request_id]
+        try:
+            async with client.pipeline(transaction=True) as pipe:
+                pipe.hgetall(request_key(request_id))
+                pipe.xrange(events_key(request_id))
+                fields, entries = await pipe.execute()
+        except _UNREACHABLE as exc:
+            raise StoreUnavailable(f"Redis at {self.url} is unreachable: {exc}") from exc
+        if not fields and not entries and not queued:
+            return None
+        stored_ids = {stream_id for stream_id, _ in entries}
+        for write in queued:  # hash fields are idempotent; entries already stored are skipped
+            fields.update(write.hash_fields)
+            if write.entry is not None and write.stream_id not in stored_ids:
+                entries.append((write.stream_id, write.entry))
+        return StoredRequest.from_redis(request_id, fields, entries)
+
+    async def recent(self, limit: int = 50) -> list[StoredRequest]:
+        """The newest `limit` requests in Redis, newest first, without their events."""
+        client = self._client()
+        if limit <= 0:
+            return []
+        try:
+            ids = await client.zrevrange(RECENT_KEY, 0, limit - 1)
+            async with client.pipeline(transaction=False) as pipe:
+                for request_id in ids:
+                    pipe.hgetall(request_key(request_id))
+                hashes = await pipe.execute()
+        except _UNREACHABLE as exc:
+            raise StoreUnavailable(f"Redis at {self.url} is unreachable: {exc}") from exc
+        return [StoredRequest.from_redis(rid, fields) for rid, fields in zip(ids, hashes, strict=True) if fields]
+
+    # -- the writer ---------------------------------------------------------------------------
+
+    def _client(self) -> redis.Redis:
+        if self._redis is None:
+            raise RuntimeError("LifecycleStore.start() was not called")
+        return self._redis
+
+    @staticmethod
+    def _encode_field(name: str, value: Any) -> str:
+        if name == "state":
+            return _state_name(value)
+        if name == "retriever" and isinstance(value, int):
+            return orchestrator_pb2.RetrieverChoice.Name(value).removeprefix(_RETRIEVER_PREFIX).lower()
+        if name == "stats":
+            return json.dumps(_stats_dict(value))
+        return _text(value)
+
+    def _event_write(self, request_id: str, kind: str, unix_ms: int | None, fields: Mapping[str, Any]) -> _Write:
+        now = _now_ms()
+        entry = {"kind": kind, "unix_ms": str(unix_ms or now)}
+        entry.update((name, _text(value)) for name, value in fields.items() if value is not None)
+        return _Write(request_id, {"updated_unix_ms": str(now)}, entry, self._next_stream_id(request_id, now))
+
+    def _next_stream_id(self, request_id: str, now_ms: int) -> str:
+        """Strictly increasing per request, even if the clock stands still or steps back."""
+        last = self._last_ids.get(request_id)
+        ms, seq = (last[0], last[1] + 1) if last is not None and now_ms <= last[0] else (now_ms, 0)
+        self._last_ids[request_id] = (ms, seq)
+        self._last_ids.move_to_end(request_id)
+        if len(self._last_ids) > _STREAM_IDS_KEPT:
+            self._last_ids.popitem(last=False)
+        return f"{ms}-{seq}"
+
+    def _enqueue(self, write: _Write) -> None:
+        if self._failures:
+            self._note_gap(write.request_id, 0)
+        self._queue.append(write)
+        self._trim()
+        self._idle.clear()
+        self._wakeup.set()
+
+    def _trim(self) -> None:
+        """Drop the oldest queued writes beyond `buffer_max` (a batch in flight is not counted)."""
+        while len(self._queue) > self.buffer_max:
+            lost = self._queue.popleft()
+            self.dropped += 1
+            self._note_gap(lost.request_id, 1)
+
+    def _note_gap(self, request_id: str, dropped: int) -> None:
+        if self._gap_since is None:
+            self._gap_since = _now_ms()
+        if request_id in self._gap or len(self._gap) < self.buffer_max:
+            self._gap[request_id] = self._gap.get(request_id, 0) + dropped
+
+    async def _write_loop(self) -> None:
+        while True:
+            if not self._queue:
+                self._idle.set()
+                self._wakeup.clear()
+                await self._wakeup.wait()
+                continue
+            self._inflight = [self._queue.popleft() for _ in range(min(len(self._queue), _BATCH_MAX))]
+            try:
+                await self._write(self._inflight)
+            except _UNREACHABLE as exc:
+                self._on_unreachable(exc)
+                await self._backoff()
+                continue
+            except Exception:  # a bug or a refused batch must not stop the writer
+                log.exception("lifecycle store: dropping %d writes", len(self._inflight))
+                self.write_errors += len(self._inflight)
+            self._inflight = []
+            self._on_written()
+
+    async def _write(self, batch: list[_Write]) -> None:
+        pipe = self._client().pipeline(transaction=False)
+        xadds: list[tuple[int, _Write]] = []
+        touched: dict[str, None] = {}
+        indexed = False
+        for write in batch:
+            touched[write.request_id] = None
+            if write.hash_fields:
+                pipe.hset(request_key(write.request_id), mapping=write.hash_fields)
+            if write.entry is not None:
+                xadds.append((len(pipe), write))
+                pipe.xadd(events_key(write.request_id), write.entry, id=write.stream_id)
+            if write.created_unix_ms is not None:
+                pipe.zadd(RECENT_KEY, {write.request_id: write.created_unix_ms})
+                indexed = True
+        for request_id in touched:
+            pipe.expire(request_key(request_id), self.ttl_s)
+            pipe.expire(events_key(request_id), self.ttl_s)
+        if indexed:
+            pipe.zremrangebyrank(RECENT_KEY, 0, -self.recent_max - 1)
+            pipe.expire(RECENT_KEY, self.ttl_s)
+        results = await pipe.execute(raise_on_error=False)
+
+        redo = []
+        xadd_at = dict(xadds)
+        for position, result in enumerate(results):
+            if not isinstance(result, ResponseError):
+                continue
+            write = xadd_at.get(position)
+            if write is not None and "equal or smaller" in str(result):
+                if not write.attempted:  # the stream is ahead of our id (clock stepped back): append anyway
+                    redo.append(write)
+                continue  # an attempted write: stored by the broken attempt
+            self.write_errors += 1
+            log.warning("lifecycle store: Redis refused a write: %s", result)
+        if redo:
+            pipe = self._client().pipeline(transaction=False)
+            for write in redo:
+                write.stream_id = "*"
+                pipe.xadd(events_key(write.request_id), write.entry, id="*")
+            await pipe.execute(raise_on_error=False)
+
+    def _on_unreachable(self, exc: Exception) -> None:
+        for write in self._inflight:
+            write.attempted = True
+        self._queue.extendleft(reversed(self._inflight))
+        self._inflight = []
+        if self._failures == 0:
+            log.warning("lifecycle store: Redis unreachable (%s); buffering writes", exc)
+            for write in self._queue:
+                self._note_gap(write.request_id, 0)
+        self._failures += 1
+        self._trim()
+
+    def _on_written(self) -> None:
+        if self._failures:
+            log.info("lifecycle store: Redis reachable again after %d failed attempts", self._failures)
+        self._failures = 0
+        if self._gap_since is None:
+            return
+        since, until, gap = self._gap_since, _now_ms(), self._gap
+        self._gap_since, self._gap = None, {}
+        for request_id, dropped in gap.items():
+            self._enqueue(self._event_write(request_id, REDIS_GAP, until, {
+                "since_unix_ms": since, "until_unix_ms": until, "dropped": dropped}))
+
+    async def _backoff(self) -> None:
+        delay = min(self.retry_s * 2 ** min(self._failures - 1, 16), self.retry_max_s)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._retry_now.wait(), delay)
+        self._retry_now.clear()
+
+
+def _now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+def _text(value: Any) -> str:
+    if isinstance(value, bool):
+        return "1" if value else "0"
+    return str(value)
+
+
+def _state_name(state: int | str) -> str:
+    """The short `RequestState` name of a value or (short or full) name; unknown ones are kept, with a warning."""
+    full = _STATE_PREFIX + state.upper().removeprefix(_STATE_PREFIX) if isinstance(state, str) else ""
+    try:
+        full = orchestrator_pb2.RequestState.Name(state) if isinstance(state, int) else full
+        orchestrator_pb2.RequestState.Value(full)
+    except ValueError:
+        log.warning("lifecycle store: unknown request state %r", state)
+        return str(state)
+    return full.removeprefix(_STATE_PREFIX)
+
+
+def _retriever_choice(retriever: str) -> int:
+    """"anns" -> ANNS, "anns,crawler" -> BOTH, "none" -> NONE; anything else UNSPECIFIED."""
+    names = {name.strip().upper() for name in retriever.split(",") if name.strip()}
+    if names == {"ANNS", "CRAWLER"}:
+        names = {"BOTH"}
+    if len(names) != 1:
+        return orchestrator_pb2.RETRIEVER_CHOICE_UNSPECIFIED
+    return _enum_value(orchestrator_pb2.RetrieverChoice, _RETRIEVER_PREFIX, names.pop())
+
+
+def _enum_value(enum: Any, prefix: str, name: str) -> int:
+    try:
+        return enum.Value(prefix + name)
+    except ValueError:
+        return 0
+
+
+def _stats_dict(stats: common_pb2.RequestStats | Mapping[str, float]) -> dict[str, float]:
+    if isinstance(stats, common_pb2.RequestStats):
+        return {f.name: getattr(stats, f.name) for f in stats.DESCRIPTOR.fields}
+    return dict(stats)
+
+
+def _stats_proto(stats: Mapping[str, float]) -> common_pb2.RequestStats:
+    fields = common_pb2.RequestStats.DESCRIPTOR.fields_by_name
+    floating = (FieldDescriptor.TYPE_DOUBLE, FieldDescriptor.TYPE_FLOAT)
+    return common_pb2.RequestStats(**{
+        name: float(value) if fields[name].type in floating else int(value)
+        for name, value in stats.items() if name in fields
+    })

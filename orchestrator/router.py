@@ -1,0 +1,278 @@
+"""Pick an inference replica for each request: FlowGuard-style scoring (StreamServe §3.3).
+
+The router polls `Inference.GetStats` on every replica (once in `start()`, then every
+`refresh_s`) and scores the replicas it can reach from their latest snapshot. Per replica,
+each quantity is in [0, 1]:
+
+    C  locality     1 if the replica served this prefix key (the instruction preamble) among
+                    its last `locality_window` keys (`note_served`), else 0: its prefix cache
+                    probably still holds those blocks
+    M  memory use   1 - free / total blocks of the "device" KV pool (0 without that pool)
+    Q  queue        q / max(q of every reachable replica), q = num_waiting + num_swapped;
+                    0 when every queue is empty (the paper's Q_w / Q_max)
+    L  load         min(1, (num_active + routed) / max_concurrent_streams), where `routed`
+                    counts the requests this router sent there since that snapshot, so a
+                    burst between two refreshes spreads instead of piling onto one replica
+
+    score S = w_C·C + w_M·(1 - M) + w_Q·(1 - Q) + w_L·(1 - L)
+
+with the weights normalised to sum 1 (default 0.4 / 0.1 / 0.3 / 0.2), so S is in [0, 1] and
+higher is better. A replica is overloaded when M > overload_threshold or L >
+overload_threshold, and is then skipped. The best S wins (ties: lower L, then the order of
+`addresses`); when every candidate is overloaded, the shortest queue wins (fewest q, then
+fewest active, then order). A replica is unreachable, and skipped, until its GetStats
+answers: before the first poll, after a failed poll, and after `mark_failed()`.
+Every decision is logged at INFO with each replica's breakdown.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import math
+from collections import OrderedDict
+from collections.abc import Callable, Collection, Sequence
+from dataclasses import dataclass, field
+
+import grpc
+
+from protos import inference_pb2, inference_pb2_grpc
+
+log = logging.getLogger(__name__)
+
+DEFAULT_WEIGHTS = (0.4, 0.1, 0.3, 0.2)   # locality, memory, queue, load
+NOT_POLLED = "not polled yet"
+
+ChannelFactory = Callable[[str], grpc.aio.Channel]
+
+
+class NoReplicaAvailable(RuntimeError):
+    """No replica is reachable (or every reachable one was excluded)."""
+
+
+@dataclass(frozen=True)
+class ScoreBreakdown:
+    """One replica's inputs to a decision (C, M, Q, L as in the module docstring) and its score."""
+
+    locality: float
+    memory_use: float
+    queue: float
+    load: float
+    score: float
+    overloaded: bool
+    queue_depth: int    # q = waiting + swapped
+    active: int         # num_active + routed since the snapshot
+
+    def __str__(self) -> str:
+        text = (f"S={self.score:.3f} C={self.locality:.0f} M={self.memory_use:.2f} Q={self.queue:.2f} "
+                f"L={self.load:.2f} q={self.queue_depth} active={self.active}")
+        return f"{text} OVERLOADED" if self.overloaded else text
+
+
+@dataclass(eq=False)
+class Replica:
+    """One inference replica: its address, its stub, and what the router knows about it."""
+
+    address: str
+    stats: inference_pb2.EngineStats | None = None
+    unavailable: str | None = NOT_POLLED      # why it is skipped; None when reachable
+    routed: int = 0                           # requests sent since the last snapshot
+    recent_keys: OrderedDict[str, None] = field(default_factory=OrderedDict)
+    channel: grpc.aio.Channel | None = None
+    _stub: inference_pb2_grpc.InferenceStub | None = None
+
+    @property
+    def available(self) -> bool:
+        return self.unavailable is None and self.stats is not None
+
+    @property
+    def stub(self) -> inference_pb2_grpc.InferenceStub:
+        if self._stub is None:
+            raise RuntimeError(f"replica {self.address}: the router is not started")
+        return self._stub
+
+
+class ReplicaRouter:
+    """Chooses a replica per request from periodically refreshed `GetStats` snapshots."""
+
+    def __init__(self, addresses: Sequence[str], *, weights: Sequence[float] = DEFAULT_WEIGHTS,
+                 overload_threshold: float = 0.9, refresh_s: float = 1.0, locality_window: int = 256,
+                 stats_timeout_s: float = 0.5, channel_factory: ChannelFactory | None = None) -> None:
+        if not addresses:
+            raise ValueError("the router needs at least one replica address")
+        if len(set(addresses)) != len(addresses):
+            raise ValueError(f"duplicate replica addresses: {list(addresses)}")
+        if len(weights) != 4 or any(not math.isfinite(w) or w < 0 for w in weights) or sum(weights) <= 0:
+            raise ValueError(f"weights must be 4 non-negative numbers (locality, memory, queue, load) "
+                             f"with a positive sum, got {tuple(weights)}")
+        if not 0 < overload_threshold <= 1:
+            raise ValueError(f"overload_threshold must be in (0, 1], got {overload_threshold}")
+        if refresh_s <= 0 or stats_timeout_s <= 0 or locality_window < 1:
+            raise ValueError("refresh_s and stats_timeout_s must be > 0 and locality_window >= 1")
+        total = sum(weights)
+        self.weights = tuple(w / total for w in weights)
+        self.overload_threshold = overload_threshold
+        self.refresh_s = refresh_s
+        self.locality_window = locality_window
+        self.stats_timeout_s = stats_timeout_s
+        self._channel_factory = channel_factory or grpc.aio.insecure_channel
+        self._replicas = {address: Replica(address) for address in addresses}
+        self._refresher: asyncio.Task | None = None
+
+    @property
+    def replicas(self) -> list[Replica]:
+        return list(self._replicas.values())
+
+    def replica(self, address: str) -> Replica:
+        try:
+            return self._replicas[address]
+        except KeyError:
+            raise KeyError(f"unknown replica {address!r}") from None
+
+    # --- lifecycle -----------------------------------------------------------------------
+    async def start(self) -> None:
+        """Open a channel per replica, poll each once, then keep polling every `refresh_s`."""
+        for replica in self._replicas.values():
+            if replica.channel is None:
+                replica.channel = self._channel_factory(replica.address)
+                replica._stub = inference_pb2_grpc.InferenceStub(replica.channel)
+        await self.refresh()
+        if self._refresher is None:
+            self._refresher = asyncio.create_task(self._refresh_forever(), name="replica-router-refresh")
+
+    async def stop(self) -> None:
+        if self._refresher is not None:
+            self._refresher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._refresher
+            self._refresher = None
+        for replica in self._replicas.values():
+            if replica.channel is not None:
+                await replica.channel.close()
+                replica.channel, replica._stub = None, None
+
+    async def __aenter__(self) -> ReplicaRouter:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+    async def refresh(self) -> None:
+        """Poll every replica's GetStats now (concurrently)."""
+        await asyncio.gather(*(self._poll(r) for r in self._replicas.values() if r._stub is not None))
+
+    async def _refresh_forever(self) -> None:
+        while True:
+            await asyncio.sleep(self.refresh_s)
+            await self.refresh()
+
+    async def _poll(self, replica: Replica) -> None:
+        try:
+            response = await replica.stub.GetStats(inference_pb2.GetStatsRequest(), timeout=self.stats_timeout_s)
+        except grpc.aio.AioRpcError as exc:
+            self.mark_failed(replica.address, f"GetStats failed: {exc.code().name}")
+        except Exception as exc:   # keep the refresh loop alive whatever one replica does
+            self.mark_failed(replica.address, f"GetStats failed: {exc!r}")
+        else:
+            self.record_stats(replica.address, response.stats)
+
+    # --- what the router learns ----------------------------------------------------------
+    def record_stats(self, address: str, stats: inference_pb2.EngineStats) -> None:
+        """A fresh snapshot: the replica is reachable again and `routed` starts over."""
+        replica = self.replica(address)
+        previous = replica.stats
+        if previous is not None and stats.counters.requests_received < previous.counters.requests_received:
+            log.info("replica %s restarted (requests_received went down): forgetting its prefix locality", address)
+            replica.recent_keys.clear()
+        if replica.unavailable is not None and replica.unavailable != NOT_POLLED:
+            log.info("replica %s is reachable again", address)
+        replica.stats, replica.unavailable, replica.routed = stats, None, 0
+
+    def mark_failed(self, address: str, reason: str = "marked failed") -> None:
+        """Skip this replica until its GetStats answers again (the next refresh)."""
+        replica = self.replica(address)
+        if replica.unavailable is None:
+            log.warning("replica %s unavailable: %s", address, reason)
+        replica.unavailable = reason
+
+    def note_served(self, address: str, prefix_key: str) -> None:
+        """The replica served a request with this prefix: its prefix cache likely holds it."""
+        if not prefix_key:
+            return
+        keys = self.replica(address).recent_keys
+        keys[prefix_key] = None
+        keys.move_to_end(prefix_key)
+        while len(keys) > self.locality_window:
+            keys.popitem(last=False)
+
+    # --- decisions -----------------------------------------------------------------------
+    def scores(self, prefix_key: str) -> dict[str, ScoreBreakdown]:
+        """The breakdown of every reachable replica, in `addresses` order."""
+        reachable = [r for r in self._replicas.values() if r.available]
+        depths = {r.address: _queue_depth(r.stats) for r in reachable}
+        deepest = max(depths.values(), default=0)
+        w_c, w_m, w_q, w_l = self.weights
+        out = {}
+        for r in reachable:
+            stats = r.stats
+            locality = 1.0 if prefix_key and prefix_key in r.recent_keys else 0.0
+            memory_use = _device_memory_use(stats)
+            queue = depths[r.address] / deepest if deepest else 0.0
+            active = stats.num_active + r.routed
+            load = min(1.0, active / stats.max_concurrent_streams) if stats.max_concurrent_streams > 0 else 0.0
+            score = w_c * locality + w_m * (1 - memory_use) + w_q * (1 - queue) + w_l * (1 - load)
+            overloaded = memory_use > self.overload_threshold or load > self.overload_threshold
+            out[r.address] = ScoreBreakdown(locality, memory_use, queue, load, score, overloaded,
+                                            depths[r.address], active)
+        return out
+
+    def choose(self, prefix_key: str, exclude: Collection[str] = frozenset()) -> Replica:
+        """The replica for a request whose prompt starts with `prefix_key`; never one in `exclude`."""
+        breakdown = self.scores(prefix_key)
+        candidates = [a for a in breakdown if a not in exclude]
+        if not candidates:
+            raise NoReplicaAvailable(self._why_none(exclude))
+        fit = [a for a in candidates if not breakdown[a].overloaded]
+        if fit:
+            # max() keeps the first of equal keys, so exact ties go to the order of `addresses`.
+            chosen = max(fit, key=lambda a: (breakdown[a].score, -breakdown[a].load))
+            how = "best score"
+        else:
+            chosen = min(candidates, key=lambda a: (breakdown[a].queue_depth, breakdown[a].active))
+            how = "all overloaded: shortest queue"
+        replica = self._replicas[chosen]
+        replica.routed += 1
+        log.info("route key=%s -> %s (%s) | %s", _short(prefix_key), chosen, how,
+                 self._describe(breakdown, exclude))
+        return replica
+
+    def _describe(self, breakdown: dict[str, ScoreBreakdown], exclude: Collection[str]) -> str:
+        parts = []
+        for address, replica in self._replicas.items():
+            if address in breakdown:
+                parts.append(f"{address} {breakdown[address]}" + (" EXCLUDED" if address in exclude else ""))
+            else:
+                parts.append(f"{address} unavailable ({replica.unavailable})")
+        return " | ".join(parts)
+
+    def _why_none(self, exclude: Collection[str]) -> str:
+        reasons = [f"{a}: {'excluded' if a in exclude and r.available else r.unavailable or 'no stats'}"
+                   for a, r in self._replicas.items()]
+        return "no inference replica available (" + "; ".join(reasons) + ")"
+
+
+def _queue_depth(stats: inference_pb2.EngineStats) -> int:
+    return stats.num_waiting + stats.num_swapped
+
+
+def _device_memory_use(stats: inference_pb2.EngineStats) -> float:
+    for pool in stats.pools:
+        if pool.name == "device" and pool.total_blocks > 0:
+            return min(1.0, max(0.0, 1 - pool.free_blocks / pool.total_blocks))
+    return 0.0
+
+
+def _short(key: str, limit: int = 24) -> str:
+    return repr(key if len(key) <= limit else key[: limit - 3] + "...")

@@ -1,0 +1,72 @@
+"""`streamrag serve orchestrator`: the Orchestrator service (Ask, GetRequest)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+
+import grpc
+
+from orchestrator.lifecycle_store import LifecycleStore
+from orchestrator.router import ReplicaRouter
+from orchestrator.servicer import OrchestratorServicer
+from protos import orchestrator_pb2, orchestrator_pb2_grpc, retriever_pb2_grpc
+from servicekit.config import DEFAULT_PORTS, ServiceConfig, service_config_from_args
+from servicekit.server import ServiceRunner, configure_logging
+
+SERVICE_NAME = orchestrator_pb2.DESCRIPTOR.services_by_name["Orchestrator"].full_name
+
+
+class OrchestratorService:
+    """Store + router + retriever channels + servicer + gRPC server, started and stopped as one."""
+
+    def __init__(self, config: ServiceConfig, *, redis_url: str, inference: list[str], retrievers: dict[str, str],
+                 ttl_s: int = 86400, weights: tuple[float, ...] = (0.4, 0.1, 0.3, 0.2)) -> None:
+        self.store = LifecycleStore(redis_url, ttl_s=ttl_s)
+        self.router = ReplicaRouter(inference, weights=weights)
+        self.channels = {name: grpc.aio.insecure_channel(address) for name, address in retrievers.items() if address}
+        stubs = {name: retriever_pb2_grpc.RetrieverStub(channel) for name, channel in self.channels.items()}
+        self.servicer = OrchestratorServicer(self.router, stubs, self.store)
+        self.runner = ServiceRunner(config, [(orchestrator_pb2_grpc.add_OrchestratorServicer_to_server, self.servicer)],
+                                    [SERVICE_NAME])
+
+    async def start(self, handle_signals: bool = True) -> int:
+        await self.store.start()
+        await self.router.start()
+        return await self.runner.start(handle_signals=handle_signals)
+
+    async def stop(self, grace_s: float | None = None) -> None:
+        await self.runner.stop(grace_s)
+        await self.router.stop()
+        await self.store.close()
+        for channel in self.channels.values():
+            await channel.close()
+
+
+def parse_weights(text: str) -> tuple[float, ...]:
+    try:
+        weights = tuple(float(w) for w in text.split(","))
+    except ValueError:
+        raise SystemExit(f"error: --router-weights {text!r} is not four comma-separated numbers") from None
+    if len(weights) != 4 or any(w < 0 for w in weights):
+        raise SystemExit(f"error: --router-weights needs four non-negative numbers, got {text!r}")
+    return weights
+
+
+async def serve(args: argparse.Namespace) -> None:
+    configure_logging(args.log_level)
+    inference = args.inference or [f"127.0.0.1:{DEFAULT_PORTS['inference']}"]
+    service = OrchestratorService(service_config_from_args("orchestrator", args), redis_url=args.redis,
+                                  inference=inference,
+                                  retrievers={"anns": args.anns, "crawler": args.crawler, "replay": args.replay},
+                                  ttl_s=args.ttl, weights=parse_weights(args.router_weights))
+    port = await service.start()
+    print(f"orchestrator on {args.host}:{port} (metrics :{service.runner.metrics_port})", flush=True)
+    await service.runner.wait()
+    await service.router.stop()
+    await service.store.close()
+
+
+def main(args: argparse.Namespace) -> int:
+    asyncio.run(serve(args))
+    return 0

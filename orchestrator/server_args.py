@@ -1,0 +1,25 @@
+"""Flags of `streamrag serve orchestrator` (no heavy imports: `--help` is instant)."""
+
+from __future__ import annotations
+
+import argparse
+
+from servicekit.config import DEFAULT_PORTS, add_service_args, env_default
+
+
+def add_orchestrator_args(parser: argparse.ArgumentParser) -> None:
+    add_service_args(parser, "orchestrator")
+    env = lambda key, default: env_default("orchestrator", key, default)  # noqa: E731
+    parser.add_argument("--redis", default=env("redis", f"redis://127.0.0.1:{DEFAULT_PORTS['redis']}/0"),
+                        help="Redis URL for the lifecycle store")
+    parser.add_argument("--inference", action="append", default=None,
+                        help="an inference replica address, repeatable (default 127.0.0.1:50052)")
+    parser.add_argument("--anns", default=env("anns", f"127.0.0.1:{DEFAULT_PORTS['anns']}"),
+                        help="ANNS retriever address ('' to disable)")
+    parser.add_argument("--crawler", default=env("crawler", f"127.0.0.1:{DEFAULT_PORTS['crawler']}"),
+                        help="crawler retriever address ('' to disable)")
+    parser.add_argument("--replay", default=env("replay", ""), help="replay retriever address (optional)")
+    parser.add_argument("--ttl", type=int, default=env("ttl", 86400), help="seconds Redis keeps a request's record")
+    parser.add_argument("--router-weights", default=env("router_weights", "0.4,0.1,0.3,0.2"),
+                        help="FlowGuard weights: locality,memory,queue,load")
+    parser.add_argument("--log-level", default=env("log_level", "INFO"))

@@ -1,0 +1,62 @@
+"""The `Orchestrator` gRPC servicer: Ask (the pipeline in ask.py) and GetRequest (from Redis)."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+
+import grpc
+
+from orchestrator.ask import AskFailed, AskPipeline, BadAsk, validate_ask
+from orchestrator.lifecycle_store import StoreUnavailable, to_proto
+from orchestrator.router import NoReplicaAvailable
+from protos import inference_pb2, orchestrator_pb2, orchestrator_pb2_grpc
+
+log = logging.getLogger(__name__)
+
+
+class OrchestratorServicer(orchestrator_pb2_grpc.OrchestratorServicer):
+    def __init__(self, router, retriever_stubs: dict, store) -> None:
+        self.router = router
+        self.retriever_stubs = retriever_stubs
+        self.store = store
+        self._chat_formats: dict[str, inference_pb2.ChatFormat] = {}
+
+    async def chat_format(self, replica) -> inference_pb2.ChatFormat:
+        """The replica's chat-format pieces (Describe), cached per replica."""
+        if replica.address not in self._chat_formats:
+            info = await replica.stub.Describe(inference_pb2.DescribeRequest(), timeout=10)
+            self._chat_formats[replica.address] = info.model_info.chat_format
+        return self._chat_formats[replica.address]
+
+    async def Ask(self, request, context) -> AsyncIterator[orchestrator_pb2.AskResponse]:
+        try:
+            settings = validate_ask(request, set(self.retriever_stubs))
+        except BadAsk as exc:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        pipeline = AskPipeline(settings, self.router, self.retriever_stubs, self.store, self.chat_format)
+        try:
+            async for event in pipeline.run():
+                yield orchestrator_pb2.AskResponse(event=event)
+        except NoReplicaAvailable as exc:
+            await self._fail(settings.request_id, grpc.StatusCode.UNAVAILABLE, str(exc), context)
+        except AskFailed as exc:
+            await self._fail(settings.request_id, exc.code, exc.message, context)
+        except grpc.RpcError as exc:   # e.g. Describe on a dead replica
+            await self._fail(settings.request_id, grpc.StatusCode.UNAVAILABLE, exc.details() or str(exc), context)
+
+    async def _fail(self, request_id: str, code: grpc.StatusCode, message: str, context) -> None:
+        await self.store.event(request_id, "ERROR", detail=message)
+        await self.store.update(request_id, state="FAILED", error=message)
+        await context.abort(code, message)
+
+    async def GetRequest(self, request, context) -> orchestrator_pb2.GetRequestResponse:
+        if not request.request_id:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "request_id must not be empty")
+        try:
+            stored = await self.store.get(request.request_id)
+        except StoreUnavailable as exc:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, f"the lifecycle store is unavailable: {exc}")
+        if stored is None:
+            await context.abort(grpc.StatusCode.NOT_FOUND, f"no request {request.request_id!r}")
+        return orchestrator_pb2.GetRequestResponse(record=to_proto(stored))
