@@ -49,6 +49,7 @@ class BadAsk(ValueError):
 class AskSettings:
     request_id: str
     question: str
+    choice: int                       # orchestrator_pb2.RETRIEVER_CHOICE_*
     retrievers: list[str]
     streamed: bool
     top_k: int
@@ -85,7 +86,7 @@ def validate_ask(request: orchestrator_pb2.AskRequest, available: set[str]) -> A
     request_id = request.request_id or uuid.uuid4().hex
     if len(request_id) > 128 or not request_id.isprintable():
         raise BadAsk("request_id must be printable and at most 128 characters")
-    return AskSettings(request_id, question, retrievers, not request.no_stream, top_k, deadline_ms / 1000, sampling,
+    return AskSettings(request_id, question, choice, retrievers, not request.no_stream, top_k, deadline_ms / 1000, sampling,
                        dict(request.retriever_options))
 
 
@@ -148,8 +149,7 @@ class AskPipeline:
         await self.store.create(s.request_id, s.question, retriever=",".join(s.retrievers) or "none",
                                 streamed=s.streamed, replica=self.replica.address)
         yield orchestrator_pb2.AskEvent(started=orchestrator_pb2.AskStarted(
-            request_id=s.request_id, replica=self.replica.address, retriever=",".join(s.retrievers),
-            streamed=s.streamed))
+            request_id=s.request_id, replica=self.replica.address, retriever=s.choice, streamed=s.streamed))
         retrieval: asyncio.Queue = asyncio.Queue()
         try:
             for name in s.retrievers:

@@ -18,14 +18,17 @@ def free_port() -> int:
 class PrivateRedis:
     """A redis-server child process with no persistence, bound to 127.0.0.1."""
 
-    def __init__(self, workdir: Path) -> None:
+    def __init__(self, workdir: Path, port: int | None = None, persist: bool = False) -> None:
+        """`port`: reuse a port (to restart a stopped server where clients expect it).
+        `persist`: keep an append-only file in `workdir`, so a restart there keeps the data."""
         binary = shutil.which("redis-server")
         if binary is None:
             raise RuntimeError("redis-server is not installed (bash scripts/setup.sh installs it)")
-        self.port = free_port()
+        self.port = port or free_port()
         self.url = f"redis://127.0.0.1:{self.port}/0"
         self._proc = subprocess.Popen(
-            [binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+            [binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
+             "--appendonly", "yes" if persist else "no", "--appendfsync", "always",
              "--dir", str(workdir), "--daemonize", "no", "--loglevel", "warning"],
             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
         )
@@ -54,3 +57,5 @@ class PrivateRedis:
             except subprocess.TimeoutExpired:
                 self._proc.kill()
                 self._proc.wait()
+        if self._proc.stderr is not None:
+            self._proc.stderr.close()
