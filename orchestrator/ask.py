@@ -86,8 +86,8 @@ def validate_ask(request: orchestrator_pb2.AskRequest, available: set[str]) -> A
     request_id = request.request_id or uuid.uuid4().hex
     if len(request_id) > 128 or not request_id.isprintable():
         raise BadAsk("request_id must be printable and at most 128 characters")
-    return AskSettings(request_id, question, choice, retrievers, not request.no_stream, top_k, deadline_ms / 1000, sampling,
-                       dict(request.retriever_options))
+    return AskSettings(request_id, question, choice, retrievers, not request.no_stream, top_k, deadline_ms / 1000,
+                       sampling, dict(request.retriever_options))
 
 
 @dataclass

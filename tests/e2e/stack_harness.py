@@ -55,7 +55,8 @@ class Stack:
 
     async def _serve_retriever(self, name: str, backend) -> str:
         runner = ServiceRunner(ServiceConfig(service=name, port=0, metrics_port=None, grace_s=0),
-                               [(retriever_pb2_grpc.add_RetrieverServicer_to_server, RetrieverServicer(backend))], [RETRIEVER_SERVICE])
+                               [(retriever_pb2_grpc.add_RetrieverServicer_to_server, RetrieverServicer(backend))],
+                               [RETRIEVER_SERVICE])
         port = await runner.start(handle_signals=False)
         self.retrievers[name] = runner
         return f"127.0.0.1:{port}"

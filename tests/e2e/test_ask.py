@@ -52,7 +52,7 @@ def get_record(stack, request_id: str, timeout_s: float = 30.0, until: tuple[str
 def test_answer_streams_and_lifecycle_is_recorded(stack, retriever, question, no_stream):
     events, done = ask(stack.stub, question, retriever, no_stream=no_stream)
     assert done is not None and done.answer
-    assert [e.WhichOneof("kind") for e in events][0] == "started"
+    assert events[0].WhichOneof("kind") == "started"
     assert sum(e.WhichOneof("kind") == "token" for e in events) >= 1
     assert done.sources, "no documents reached the prompt"
     assert done.ttft_from_question_s >= done.ttft_from_retrieval_end_s
