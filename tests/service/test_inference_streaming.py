@@ -75,12 +75,32 @@ def test_tiny_device_pool_preempts_yet_answers_like_generate(embedded_model_dir,
                                policy="lcas", eviction=eviction, enable_prefix_cache=False)
     try:
         answers: dict[str, object] = {}
+        prefilled = [threading.Event() for _ in range(3)]
 
-        def run(rid: str) -> None:
-            messages = [open_msg(rid, HEAD), *(append_msg(d) for d in DOCS), finish_msg(*SUFFIX)]
-            answers[rid] = collect(service.stub.StreamPrompt(paced(messages, 0.02), timeout=300))
+        def messages(i: int):
+            yield open_msg(f"p{i}", HEAD)
+            for doc in DOCS:
+                yield append_msg(doc)
+            # Hold every context until all three were prefilled once: 3 contexts need ~18 of the
+            # 14 blocks, so the engine must have evicted someone by then.
+            for event in prefilled:
+                event.wait(120)
+            yield finish_msg(*SUFFIX)
 
-        threads = [threading.Thread(target=run, args=(f"p{i}",)) for i in range(3)]
+        def run(i: int) -> None:
+            responses = service.stub.StreamPrompt(messages(i), timeout=300)
+
+            def watch():
+                for response in responses:
+                    event = response.event
+                    if (event.WhichOneof("kind") == "lifecycle"
+                            and event.lifecycle.kind == common_pb2.LIFECYCLE_EVENT_KIND_KV_ON_GPU):
+                        prefilled[i].set()
+                    yield response
+
+            answers[f"p{i}"] = collect(watch())
+
+        threads = [threading.Thread(target=run, args=(i,)) for i in range(3)]
         for t in threads:
             t.start()
         for t in threads:
