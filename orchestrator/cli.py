@@ -99,17 +99,28 @@ def _cmd_trace_record(args: argparse.Namespace) -> int:
     return run_trace_record(args)
 
 
+def _cmd_up(args: argparse.Namespace) -> int:
+    from orchestrator.stack import run_up
+
+    return run_up(args)
+
+
+def _cmd_down(args: argparse.Namespace) -> int:
+    from orchestrator.stack import run_down
+
+    return run_down(args)
+
+
+def _cmd_status(args: argparse.Namespace) -> int:
+    from orchestrator.stack import run_status
+
+    return run_status(args)
+
+
 def _cmd_demo(args: argparse.Namespace) -> int:
-    print("streamrag demo: the streamed RAG answer needs the inference service, retrievers and "
-          "orchestrator, which are not built yet. Set-up is complete: the embedded model is in "
-          f"{_embedded_dir_for_message()}.")
-    return 0
+    from orchestrator.demo import run_demo
 
-
-def _embedded_dir_for_message() -> str:
-    from inference_svc.embedded_model import embedded_model_dir
-
-    return str(embedded_model_dir())
+    return run_demo(args)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -202,7 +213,22 @@ def build_parser() -> argparse.ArgumentParser:
     add_bench_retrieval_args(retrieval)
     retrieval.set_defaults(handler=_cmd_bench_retrieval)
 
-    demo = commands.add_parser("demo", help="run a streamed RAG answer on the local stack")
+    from orchestrator.stack import add_down_args, add_status_args, add_up_args
+
+    up = commands.add_parser("up", help="start the whole stack on this machine as processes")
+    add_up_args(up)
+    up.set_defaults(handler=_cmd_up)
+    status = commands.add_parser("status", help="health and key stats of the local stack")
+    add_status_args(status)
+    status.set_defaults(handler=_cmd_status)
+    down = commands.add_parser("down", help="stop the local stack started by up")
+    add_down_args(down)
+    down.set_defaults(handler=_cmd_down)
+
+    demo = commands.add_parser("demo", help="start the local stack and answer one question, streamed and not")
+    from orchestrator.demo import add_demo_args
+
+    add_demo_args(demo)
     demo.set_defaults(handler=_cmd_demo)
     return parser
 

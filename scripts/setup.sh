@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
-# Sets up everything on a fresh machine, then runs the demo.
+# Sets up everything on a fresh machine, then runs the demo: starts the local stack
+# (building the Python-docs index the first time, a few minutes) and answers one question
+# streamed and not, printing both latencies.
 #   bash scripts/setup.sh            # set up + demo
 #   bash scripts/setup.sh --no-demo  # set up only (CI)
 # Idempotent: re-running skips what is already done.
