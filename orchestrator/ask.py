@@ -14,6 +14,7 @@ the first token is replaced once by another replica, which is sent the prompt so
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 import uuid
@@ -98,31 +99,49 @@ class Timeline:
 
 
 class InferenceSession:
-    """The StreamPrompt call to one replica, and everything sent so far (to replay on a retry)."""
+    """The StreamPrompt call to one replica, and everything sent so far (to replay on a retry).
+
+    A write to a call that has failed is not an error here: the reader sees the failure and
+    either moves the session to another replica (replaying every message, this one included)
+    or reports it. A lock keeps a replay and new writes in order.
+    """
 
     def __init__(self, stub, request_id: str, sampling: common_pb2.SamplingParams) -> None:
         self.request_id = request_id
         self.sampling = sampling
         self.sent: list[inference_pb2.StreamPromptRequest] = []
-        self.call = None
-        self._open(stub)
-
-    def _open(self, stub) -> None:
+        self.closed = False                      # done_writing was called
         self.call = stub.StreamPrompt()
+        self._lock = asyncio.Lock()
 
     async def send(self, update: inference_pb2.PromptUpdate) -> None:
         message = inference_pb2.StreamPromptRequest(update=update)
-        self.sent.append(message)
-        await self.call.write(message)
+        async with self._lock:
+            self.sent.append(message)
+            await self._write(message)
 
-    async def reopen(self, stub, request_id: str) -> None:
-        """Move to another replica and send it the whole prompt so far."""
-        self.call.cancel()
-        self._open(stub)
-        for message in self.sent:
-            if message.update.WhichOneof("kind") == "open":
-                message.update.open.request_id = request_id
+    async def close(self) -> None:
+        async with self._lock:
+            self.closed = True
+            with contextlib.suppress(grpc.RpcError, asyncio.InvalidStateError):
+                await self.call.done_writing()
+
+    async def _write(self, message: inference_pb2.StreamPromptRequest) -> None:
+        try:
             await self.call.write(message)
+        except (grpc.RpcError, asyncio.InvalidStateError) as exc:
+            log.debug("%s: write to a failed call (%s); the reader decides", self.request_id, exc)
+
+    async def reopen(self, stub) -> None:
+        """Move to another replica and send it the whole prompt so far."""
+        async with self._lock:
+            self.call.cancel()
+            self.call = stub.StreamPrompt()
+            for message in self.sent:
+                await self._write(message)
+            if self.closed:
+                with contextlib.suppress(grpc.RpcError, asyncio.InvalidStateError):
+                    await self.call.done_writing()
 
 
 class AskPipeline:
@@ -144,8 +163,7 @@ class AskPipeline:
     # --- the caller's view ------------------------------------------------------------
     async def run(self) -> AsyncIterator[orchestrator_pb2.AskEvent]:
         s = self.s
-        self.replica = self.router.choose(preamble_key())
-        chat = await self.chat_formats(self.replica)
+        chat = await self._choose_replica()
         await self.store.create(s.request_id, s.question, retriever=",".join(s.retrievers) or "none",
                                 streamed=s.streamed, replica=self.replica.address)
         yield orchestrator_pb2.AskEvent(started=orchestrator_pb2.AskStarted(
@@ -171,6 +189,18 @@ class AskPipeline:
             for task in self.tasks:
                 task.cancel()
             await asyncio.gather(*self.tasks, return_exceptions=True)
+
+    async def _choose_replica(self):
+        """Pick a replica and read its chat format; a replica that fails here is replaced once."""
+        self.replica = self.router.choose(preamble_key())
+        try:
+            return await self.chat_formats(self.replica)
+        except grpc.RpcError as exc:
+            failed = self.replica.address
+            self.router.mark_failed(failed)
+            log.warning("%s: replica %s failed (%s); trying another", self.s.request_id, failed, exc.code().name)
+            self.replica = self.router.choose(preamble_key(), exclude={failed})
+            return await self.chat_formats(self.replica)
 
     # --- retrieval ----------------------------------------------------------------------
     async def _retrieve(self, name: str, retrieval: asyncio.Queue) -> None:
@@ -238,7 +268,7 @@ class AskPipeline:
                         segments=[document_segment(d) for d in docs])))
             await session.send(inference_pb2.PromptUpdate(finish=inference_pb2.PromptFinish(
                 segments=suffix_segments(chat, self.s.question))))
-            await session.call.done_writing()
+            await session.close()
         except asyncio.CancelledError:
             raise
         except Exception as exc:
@@ -268,7 +298,7 @@ class AskPipeline:
                     await self.store.event(self.s.request_id, "ERROR", detail=f"replica {failed} failed: "
                                            f"{exc.details()}; retrying on {self.replica.address}")
                     await self.store.update(self.s.request_id, replica=self.replica.address)
-                    await session.reopen(self.replica.stub, self.s.request_id)
+                    await session.reopen(self.replica.stub)
                     continue
                 code = grpc.StatusCode.UNAVAILABLE if retryable else exc.code()
                 await self.out.put(_status(code, f"inference failed: {exc.details()}"))

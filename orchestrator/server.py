@@ -21,9 +21,10 @@ class OrchestratorService:
     """Store + router + retriever channels + servicer + gRPC server, started and stopped as one."""
 
     def __init__(self, config: ServiceConfig, *, redis_url: str, inference: list[str], retrievers: dict[str, str],
-                 ttl_s: int = 86400, weights: tuple[float, ...] = (0.4, 0.1, 0.3, 0.2)) -> None:
+                 ttl_s: int = 86400, weights: tuple[float, ...] = (0.4, 0.1, 0.3, 0.2),
+                 router_refresh_s: float = 1.0) -> None:
         self.store = LifecycleStore(redis_url, ttl_s=ttl_s)
-        self.router = ReplicaRouter(inference, weights=weights)
+        self.router = ReplicaRouter(inference, weights=weights, refresh_s=router_refresh_s)
         self.channels = {name: grpc.aio.insecure_channel(address) for name, address in retrievers.items() if address}
         stubs = {name: retriever_pb2_grpc.RetrieverStub(channel) for name, channel in self.channels.items()}
         self.servicer = OrchestratorServicer(self.router, stubs, self.store)
