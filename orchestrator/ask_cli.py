@@ -35,7 +35,8 @@ def add_ask_args(parser: argparse.ArgumentParser) -> None:
 def add_requests_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("request_id", nargs="?", help="show one request's lifecycle (default: list recent ones)")
     parser.add_argument("--orchestrator", default="127.0.0.1:50051")
-    parser.add_argument("--redis", default="redis://127.0.0.1:6379/0", help="for listing recent requests")
+    parser.add_argument("--redis", default=None,
+                        help="Redis URL for listing recent requests (default: the local stack's, else :6379)")
     parser.add_argument("--limit", type=int, default=20)
 
 
@@ -113,6 +114,16 @@ def run_ask(args: argparse.Namespace) -> int:
     return 0
 
 
+def stack_redis_url() -> str | None:
+    """The Redis of the stack `streamrag up` started, if one is recorded."""
+    from orchestrator.stack import read_stack
+
+    recorded = read_stack()
+    if recorded is None:
+        return None
+    return next((s.target for s in recorded[1] if s.name == "redis"), None)
+
+
 def run_requests(args: argparse.Namespace) -> int:
     if args.request_id:
         try:
@@ -135,8 +146,10 @@ def run_requests(args: argparse.Namespace) -> int:
 
     from orchestrator.lifecycle_store import LifecycleStore, StoreUnavailable
 
+    redis_url = args.redis or stack_redis_url() or "redis://127.0.0.1:6379/0"
+
     async def recent():
-        store = LifecycleStore(args.redis)
+        store = LifecycleStore(redis_url)
         await store.start()
         try:
             return await store.recent(args.limit)
@@ -146,7 +159,7 @@ def run_requests(args: argparse.Namespace) -> int:
     try:
         rows = asyncio.run(recent())
     except StoreUnavailable as exc:
-        print(f"error: Redis at {args.redis} is unavailable: {exc}", file=sys.stderr)
+        print(f"error: Redis at {redis_url} is unavailable: {exc}", file=sys.stderr)
         return 1
     for row in rows:
         print(f"{row.request_id}  {row.state:10s} {row.question[:70]}")
