@@ -3,9 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import shutil
-import socket
-import subprocess
 import time
 from collections.abc import AsyncIterator, Awaitable, Iterator
 from pathlib import Path
@@ -23,56 +20,10 @@ from orchestrator.lifecycle_store import (
     to_proto,
 )
 from protos import common_pb2, orchestrator_pb2
-from tests.support.redis_server import PrivateRedis, free_port
+from tests.support.redis_server import PrivateRedis
 
 T = TypeVar("T")
 BOUND_S = 5.0  # generous: a call that "does not block" must finish well inside this
-
-
-class RedisOnPort:
-    """A redis-server on a fixed port that can be stopped and started again on that port.
-
-    It saves to `workdir/dump.rdb` on SIGTERM and loads it on start, like a production Redis
-    with persistence, so a restart keeps what was written before the outage.
-    """
-
-    def __init__(self, workdir: Path, port: int | None = None) -> None:
-        self.workdir = workdir
-        self.port = port or free_port()
-        self.url = f"redis://127.0.0.1:{self.port}/0"
-        self._proc: subprocess.Popen[bytes] | None = None
-
-    def start(self) -> None:
-        binary = shutil.which("redis-server")
-        if binary is None:
-            raise RuntimeError("redis-server is not installed")
-        self._proc = subprocess.Popen(
-            [binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "3600 1", "--appendonly", "no",
-             "--dir", str(self.workdir), "--dbfilename", "dump.rdb", "--daemonize", "no", "--loglevel", "warning",
-             "--enable-debug-command", "local"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-        )
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
-            if self._proc.poll() is not None:
-                raise RuntimeError(f"redis-server on port {self.port} exited")
-            try:
-                with socket.create_connection(("127.0.0.1", self.port), timeout=0.2) as s:
-                    s.sendall(b"PING\r\n")
-                    if s.recv(16).startswith(b"+PONG"):
-                        return
-            except OSError:
-                time.sleep(0.02)
-        raise RuntimeError(f"redis-server did not answer on port {self.port}")
-
-    def stop(self) -> None:
-        if self._proc is not None and self._proc.poll() is None:
-            self._proc.terminate()
-            try:
-                self._proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self._proc.kill()
-                self._proc.wait()
 
 
 async def bounded(call: Awaitable[T]) -> T:
@@ -89,9 +40,9 @@ async def store(redis_server: PrivateRedis) -> AsyncIterator[LifecycleStore]:
 
 
 @pytest.fixture
-def restartable(tmp_path: Path) -> Iterator[RedisOnPort]:
-    server = RedisOnPort(tmp_path)
-    server.start()
+def restartable(tmp_path: Path) -> Iterator[PrivateRedis]:
+    # Persistent, so a restart keeps what was written before the outage; DEBUG SLEEP for timeouts.
+    server = PrivateRedis(tmp_path, persist=True, extra_args=("--enable-debug-command", "local"))
     yield server
     server.stop()
 
@@ -209,7 +160,7 @@ async def test_to_proto_builds_the_request_record(store: LifecycleStore) -> None
         assert to_proto(stored).retriever == orchestrator_pb2.RetrieverChoice.Value(f"RETRIEVER_CHOICE_{choice}")
 
 
-async def test_outage_buffers_writes_and_flushes_them_in_order_with_a_gap_event(restartable: RedisOnPort) -> None:
+async def test_outage_buffers_writes_and_flushes_them_in_order_with_a_gap_event(restartable: PrivateRedis) -> None:
     store = LifecycleStore(restartable.url, retry_s=0.02, retry_max_s=0.1, timeout_s=1.0)
     await store.start()
     try:
@@ -230,7 +181,7 @@ async def test_outage_buffers_writes_and_flushes_them_in_order_with_a_gap_event(
         await bounded(store.update("r1", state="FINISHED", answer="done anyway"))
         assert not await store.flush(0.2)  # still down
 
-        restartable.start()
+        restartable.restart()
         assert await store.flush(BOUND_S)
         after = int(time.time() * 1000)
         await store.event("r1", "AFTER_RESUME")
@@ -251,7 +202,7 @@ async def test_outage_buffers_writes_and_flushes_them_in_order_with_a_gap_event(
         await store.close(timeout_s=1)
 
 
-async def test_full_buffer_drops_the_oldest_writes_and_counts_them(restartable: RedisOnPort) -> None:
+async def test_full_buffer_drops_the_oldest_writes_and_counts_them(restartable: PrivateRedis) -> None:
     store = LifecycleStore(restartable.url, buffer_max=5, retry_s=0.02, retry_max_s=0.1, timeout_s=1.0)
     await store.start()
     try:
@@ -264,7 +215,7 @@ async def test_full_buffer_drops_the_oldest_writes_and_counts_them(restartable: 
         assert store.dropped == 4  # 9 writes, room for 5: the create and chunks 0-2 are gone
         assert store.pending == 5
 
-        restartable.start()
+        restartable.restart()
         assert await store.flush(BOUND_S)
         got = await store.get("r1")
         assert got is not None
@@ -276,7 +227,7 @@ async def test_full_buffer_drops_the_oldest_writes_and_counts_them(restartable: 
         await store.close(timeout_s=1)
 
 
-async def test_batch_resent_after_a_timeout_is_not_stored_twice(restartable: RedisOnPort) -> None:
+async def test_batch_resent_after_a_timeout_is_not_stored_twice(restartable: PrivateRedis) -> None:
     store = LifecycleStore(restartable.url, timeout_s=0.2, retry_s=0.02, retry_max_s=0.1)
     blocker = redis.Redis.from_url(restartable.url, decode_responses=True)
     await store.start()

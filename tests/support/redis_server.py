@@ -18,7 +18,8 @@ def free_port() -> int:
 class PrivateRedis:
     """A redis-server child process with no persistence, bound to 127.0.0.1."""
 
-    def __init__(self, workdir: Path, port: int | None = None, persist: bool = False) -> None:
+    def __init__(self, workdir: Path, port: int | None = None, persist: bool = False,
+                 extra_args: tuple[str, ...] = ()) -> None:
         """`port`: reuse a port (to restart a stopped server where clients expect it).
         `persist`: keep an append-only file in `workdir`, so a restart there keeps the data."""
         binary = shutil.which("redis-server")
@@ -26,13 +27,19 @@ class PrivateRedis:
             raise RuntimeError("redis-server is not installed (bash scripts/setup.sh installs it)")
         self.port = port or free_port()
         self.url = f"redis://127.0.0.1:{self.port}/0"
-        self._proc = subprocess.Popen(
-            [binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
-             "--appendonly", "yes" if persist else "no", "--appendfsync", "always",
-             "--dir", str(workdir), "--daemonize", "no", "--loglevel", "warning"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-        )
+        self._argv = [binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
+                      "--appendonly", "yes" if persist else "no", "--appendfsync", "always",
+                      "--dir", str(workdir), "--daemonize", "no", "--loglevel", "warning", *extra_args]
+        self._start()
+
+    def _start(self) -> None:
+        self._proc = subprocess.Popen(self._argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         self._wait_ready()
+
+    def restart(self) -> None:
+        """Start again on the same port and directory (after `stop`)."""
+        self.stop()
+        self._start()
 
     def _wait_ready(self, timeout_s: float = 10.0) -> None:
         deadline = time.monotonic() + timeout_s
