@@ -93,6 +93,12 @@ def _cmd_bench_retrieval(args: argparse.Namespace) -> int:
     return run_bench_retrieval(args)
 
 
+def _cmd_trace_synth(args: argparse.Namespace) -> int:
+    from load_tests.trace_synth import run_trace_synth
+
+    return run_trace_synth(args)
+
+
 def _cmd_trace_record(args: argparse.Namespace) -> int:
     from retriever_svc.trace_record import run_trace_record
 
@@ -180,13 +186,18 @@ def build_parser() -> argparse.ArgumentParser:
     add_index_build_args(build)
     build.set_defaults(handler=_cmd_index_build)
 
-    trace = commands.add_parser("trace", help="record retrieval traces")
+    trace = commands.add_parser("trace", help="record or synthesize retrieval traces")
     trace_cmds = trace.add_subparsers(dest="trace_command", metavar="ACTION", required=True)
     record = trace_cmds.add_parser("record", help="record a running Retriever's streams into a trace file")
     from retriever_svc.trace_record import add_trace_record_args
 
     add_trace_record_args(record)
     record.set_defaults(handler=_cmd_trace_record)
+    synth = trace_cmds.add_parser("synth", help="synthesize a trace calibrated to the Stream2LLM workloads")
+    from load_tests.trace_synth import add_trace_synth_args
+
+    add_trace_synth_args(synth)
+    synth.set_defaults(handler=_cmd_trace_synth)
 
     profile = commands.add_parser("profile", help="measure recompute and swap latency for the cost model")
     profile.add_argument("--model", type=Path, default=None, help="model directory (default: the embedded model)")
