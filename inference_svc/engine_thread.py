@@ -102,9 +102,9 @@ class EngineThread:
                     events = engine.step()
                     elapsed = time.perf_counter() - started
                     stalled = engine.last_step_tokens == 0 and not events
-                    self._dispatch(events)
-                    if self._on_step is not None:
+                    if self._on_step is not None:   # before dispatch: a caller told "done" sees fresh stats
                         self._on_step(elapsed, events)
+                    self._dispatch(events)
             except Exception as exc:   # a bug, not bad input: fail every request, keep the process up
                 log.exception("engine step failed")
                 self.fatal_error = exc
@@ -123,9 +123,9 @@ class EngineThread:
                 except BaseException as exc:
                     future.set_exception(exc)
             events = self.engine.take_events()
-            self._dispatch(events)
             if events and self._on_step is not None:
                 self._on_step(None, events)
+            self._dispatch(events)
             try:
                 fn, future = self._commands.get_nowait()
             except queue.Empty:

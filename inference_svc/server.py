@@ -44,7 +44,7 @@ class InferenceService:
     def __init__(self, spec: EngineSpec, config: ServiceConfig, max_streams: int = 256, backend: str = "native"):
         self.engine = build_engine(spec)
         self.metrics = InferenceMetrics()
-        self.thread = EngineThread(self.engine, lambda s, ev: self.metrics.observe(self.engine, s, ev))
+        self.thread = EngineThread(self.engine, self._after_step)
         runner = self.engine.runner
         info = inference_pb2.ModelInfo(
             model=spec.model_dir.name, context_length=self.engine.max_model_len, block_size=spec.engine.block_size,
@@ -55,7 +55,13 @@ class InferenceService:
         self.runner = ServiceRunner(config, [(inference_pb2_grpc.add_InferenceServicer_to_server, self.servicer)],
                                     [SERVICE_NAME], registry=self.metrics.registry)
 
+    def _after_step(self, seconds: float | None, events: list) -> None:
+        """On the engine thread, after a step (or a command that raised events)."""
+        self.metrics.observe(self.engine, seconds, events)
+        self.servicer.publish_stats(self.engine)
+
     async def start(self, handle_signals: bool = True) -> int:
+        self.servicer.publish_stats(self.engine)
         self.thread.start()
         return await self.runner.start(handle_signals=handle_signals)
 

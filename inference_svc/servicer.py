@@ -62,6 +62,7 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
         self.max_streams = max_streams
         self._active: set[str] = set()
         self._open_streams = 0
+        self._stats = inference_pb2.EngineStats()
         self._clock_offset_s = time.time() - time.monotonic()
 
     # --- RPCs -----------------------------------------------------------------------
@@ -115,7 +116,9 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
         return inference_pb2.DescribeResponse(model_info=self.model_info)
 
     async def GetStats(self, request, context) -> inference_pb2.GetStatsResponse:
-        stats = await self.engine_thread.call(self._snapshot)
+        """The snapshot published after the engine's last step: never waits for a running step."""
+        stats = inference_pb2.EngineStats()
+        stats.CopyFrom(self._stats)
         stats.max_concurrent_streams = self.max_streams
         stats.num_active = len(self._active)
         return inference_pb2.GetStatsResponse(stats=stats)
@@ -242,6 +245,10 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
         await context.abort(code, message)
 
     # --- stats ----------------------------------------------------------------------
+    def publish_stats(self, engine: Engine) -> None:
+        """Called on the engine thread (or before it starts); replaces the snapshot atomically."""
+        self._stats = self._snapshot(engine)
+
     def _snapshot(self, engine: Engine) -> inference_pb2.EngineStats:
         states = [r.state.value for r in engine.requests.values()]
         c = engine.counters

@@ -8,6 +8,7 @@ import asyncio
 import grpc
 
 from orchestrator.lifecycle_store import LifecycleStore
+from orchestrator.metrics import OrchestratorMetrics
 from orchestrator.router import ReplicaRouter
 from orchestrator.servicer import OrchestratorServicer
 from protos import orchestrator_pb2, orchestrator_pb2_grpc, retriever_pb2_grpc
@@ -27,9 +28,10 @@ class OrchestratorService:
         self.router = ReplicaRouter(inference, weights=weights, refresh_s=router_refresh_s)
         self.channels = {name: grpc.aio.insecure_channel(address) for name, address in retrievers.items() if address}
         stubs = {name: retriever_pb2_grpc.RetrieverStub(channel) for name, channel in self.channels.items()}
-        self.servicer = OrchestratorServicer(self.router, stubs, self.store)
+        self.metrics = OrchestratorMetrics()
+        self.servicer = OrchestratorServicer(self.router, stubs, self.store, self.metrics)
         self.runner = ServiceRunner(config, [(orchestrator_pb2_grpc.add_OrchestratorServicer_to_server, self.servicer)],
-                                    [SERVICE_NAME])
+                                    [SERVICE_NAME], registry=self.metrics.registry)
 
     async def start(self, handle_signals: bool = True) -> int:
         await self.store.start()

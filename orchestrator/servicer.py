@@ -9,6 +9,7 @@ import grpc
 
 from orchestrator.ask import AskFailed, AskPipeline, BadAsk, validate_ask
 from orchestrator.lifecycle_store import StoreUnavailable, to_proto
+from orchestrator.metrics import OrchestratorMetrics
 from orchestrator.router import NoReplicaAvailable
 from protos import inference_pb2, orchestrator_pb2, orchestrator_pb2_grpc
 
@@ -16,10 +17,11 @@ log = logging.getLogger(__name__)
 
 
 class OrchestratorServicer(orchestrator_pb2_grpc.OrchestratorServicer):
-    def __init__(self, router, retriever_stubs: dict, store) -> None:
+    def __init__(self, router, retriever_stubs: dict, store, metrics: OrchestratorMetrics | None = None) -> None:
         self.router = router
         self.retriever_stubs = retriever_stubs
         self.store = store
+        self.metrics = metrics or OrchestratorMetrics()
         self._chat_formats: dict[str, inference_pb2.ChatFormat] = {}
 
     async def chat_format(self, replica) -> inference_pb2.ChatFormat:
@@ -35,15 +37,30 @@ class OrchestratorServicer(orchestrator_pb2_grpc.OrchestratorServicer):
         except BadAsk as exc:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         pipeline = AskPipeline(settings, self.router, self.retriever_stubs, self.store, self.chat_format)
+        mode = "streaming" if settings.streamed else "baseline"
+        outcome = "cancelled"
         try:
             async for event in pipeline.run():
+                if event.WhichOneof("kind") == "done":
+                    outcome = "answered"
+                    self._observe(mode, event.done)
                 yield orchestrator_pb2.AskResponse(event=event)
         except NoReplicaAvailable as exc:
+            outcome = "failed"
             await self._fail(settings.request_id, grpc.StatusCode.UNAVAILABLE, str(exc), context)
         except AskFailed as exc:
+            outcome = "failed"
             await self._fail(settings.request_id, exc.code, exc.message, context)
         except grpc.RpcError as exc:   # e.g. Describe on a dead replica
+            outcome = "failed"
             await self._fail(settings.request_id, grpc.StatusCode.UNAVAILABLE, exc.details() or str(exc), context)
+        finally:
+            self.metrics.asks.labels(mode, outcome).inc()
+
+    def _observe(self, mode: str, done: orchestrator_pb2.AskDone) -> None:
+        self.metrics.ttft_question.labels(mode).observe(done.ttft_from_question_s)
+        self.metrics.ttft_retrieval.labels(mode).observe(done.ttft_from_retrieval_end_s)
+        self.metrics.retrieval.labels(mode).observe(done.retrieval_s)
 
     async def _fail(self, request_id: str, code: grpc.StatusCode, message: str, context) -> None:
         await self.store.event(request_id, "ERROR", detail=message)

@@ -136,3 +136,11 @@ def test_cancelled_ask_frees_the_replicas_blocks(stack):
             call.cancel()
             break
     stack.inference.wait_until_all_blocks_free()
+
+
+def test_metrics_count_answers_and_ttfts_by_mode(stack):
+    registry = stack.orchestrator.metrics.registry
+    before = registry.get_sample_value("streamrag_asks_total", {"mode": "baseline", "outcome": "answered"}) or 0
+    ask(stack.stub, QUESTION, ANNS, no_stream=True)
+    assert registry.get_sample_value("streamrag_asks_total", {"mode": "baseline", "outcome": "answered"}) == before + 1
+    assert registry.get_sample_value("streamrag_ask_ttft_from_question_seconds_count", {"mode": "baseline"}) >= 1

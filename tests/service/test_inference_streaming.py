@@ -191,3 +191,21 @@ def test_twenty_concurrent_mixed_streams_complete_correctly(inference):
             expected[key] = generate(inference.stub, HEAD + docs + SUFFIX, f"mix-ref-{i}", max_tokens=4).tokens
         assert answers[i].tokens == expected[key], i
     inference.wait_until_all_blocks_free()
+
+
+def test_get_stats_answers_while_a_long_step_runs(embedded_model_dir):
+    """Routers poll GetStats with short deadlines: it must not wait for the engine's step."""
+    service = RunningInference(embedded_model_dir, kv_device_blocks=512, token_budget=8192, dtype="bfloat16")
+    try:
+        long_prompt = [common_pb2.Segment(token_ids=common_pb2.TokenIds(ids=[(i * 7919) % 40000 + 100
+                                                                            for i in range(4000)]))]
+        call = service.stub.Generate(inference_pb2.GenerateRequest(
+            request_id="long", segments=long_prompt, sampling=common_pb2.SamplingParams(max_tokens=1)), timeout=300)
+        for response in call:   # SCHEDULED: the one 4000-token prefill step (seconds on a CPU) is under way
+            if response.event.lifecycle.kind == common_pb2.LIFECYCLE_EVENT_KIND_SCHEDULED:
+                break
+        stats = service.stub.GetStats(inference_pb2.GetStatsRequest(), timeout=2).stats
+        assert stats.num_active == 1
+        collect(call)
+    finally:
+        service.stop()
