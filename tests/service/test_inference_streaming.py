@@ -201,8 +201,8 @@ def test_get_stats_answers_while_a_long_step_runs(embedded_model_dir):
                                                                             for i in range(4000)]))]
         call = service.stub.Generate(inference_pb2.GenerateRequest(
             request_id="long", segments=long_prompt, sampling=common_pb2.SamplingParams(max_tokens=1)), timeout=300)
-        for response in call:   # SCHEDULED: the one 4000-token prefill step (seconds on a CPU) is under way
-            if response.event.lifecycle.kind == common_pb2.LIFECYCLE_EVENT_KIND_SCHEDULED:
+        for response in call:   # QUEUED comes at open; next the engine runs one 4000-token step (seconds)
+            if response.event.lifecycle.kind == common_pb2.LIFECYCLE_EVENT_KIND_QUEUED:
                 break
         stats = service.stub.GetStats(inference_pb2.GetStatsRequest(), timeout=2).stats
         assert stats.num_active == 1
