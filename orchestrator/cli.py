@@ -7,12 +7,23 @@ and a command never pays for another's dependencies (torch, transformers, grpc).
 from __future__ import annotations
 
 import argparse
+import importlib
 import os
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
 Handler = Callable[[argparse.Namespace], int]
+
+
+def lazy(target: str) -> Handler:
+    """A handler that imports `module:function` only when its command runs."""
+    module, _, name = target.partition(":")
+
+    def handler(args: argparse.Namespace) -> int:
+        return getattr(importlib.import_module(module), name)(args)
+
+    return handler
 
 
 def _cmd_model_prepare(args: argparse.Namespace) -> int:
@@ -39,96 +50,6 @@ def _cmd_profile(args: argparse.Namespace) -> int:
     return 0
 
 
-def _cmd_bench_engine(args: argparse.Namespace) -> int:
-    from inference_svc.engine.engine_bench import run_engine_bench
-
-    return run_engine_bench(args)
-
-
-def _cmd_serve_inference(args: argparse.Namespace) -> int:
-    from inference_svc.server import main as serve_inference
-
-    return serve_inference(args)
-
-
-def _cmd_serve_retriever(args: argparse.Namespace) -> int:
-    from retriever_svc.server import main as serve_retriever
-
-    return serve_retriever(args)
-
-
-def _cmd_ask(args: argparse.Namespace) -> int:
-    from orchestrator.ask_cli import run_ask
-
-    return run_ask(args)
-
-
-def _cmd_requests(args: argparse.Namespace) -> int:
-    from orchestrator.ask_cli import run_requests
-
-    return run_requests(args)
-
-
-def _cmd_serve_orchestrator(args: argparse.Namespace) -> int:
-    from orchestrator.server import main as serve_orchestrator
-
-    return serve_orchestrator(args)
-
-
-def _cmd_serve_corpus(args: argparse.Namespace) -> int:
-    from retriever_svc.corpus_server import run_serve_corpus
-
-    return run_serve_corpus(args)
-
-
-def _cmd_index_build(args: argparse.Namespace) -> int:
-    from retriever_svc.corpus.index import run_index_build
-
-    return run_index_build(args)
-
-
-def _cmd_bench_retrieval(args: argparse.Namespace) -> int:
-    from retriever_svc.retrieval_bench import run_bench_retrieval
-
-    return run_bench_retrieval(args)
-
-
-def _cmd_trace_synth(args: argparse.Namespace) -> int:
-    from load_tests.trace_synth import run_trace_synth
-
-    return run_trace_synth(args)
-
-
-def _cmd_trace_record(args: argparse.Namespace) -> int:
-    from retriever_svc.trace_record import run_trace_record
-
-    return run_trace_record(args)
-
-
-def _cmd_up(args: argparse.Namespace) -> int:
-    from orchestrator.stack import run_up
-
-    return run_up(args)
-
-
-def _cmd_down(args: argparse.Namespace) -> int:
-    from orchestrator.stack import run_down
-
-    return run_down(args)
-
-
-def _cmd_status(args: argparse.Namespace) -> int:
-    from orchestrator.stack import run_status
-
-    return run_status(args)
-
-
-def _cmd_demo(args: argparse.Namespace) -> int:
-    from orchestrator.demo import run_demo
-
-    return run_demo(args)
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="streamrag",
@@ -150,10 +71,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     ask = commands.add_parser("ask", help="ask a question; the answer streams as retrieval goes on")
     add_ask_args(ask)
-    ask.set_defaults(handler=_cmd_ask)
+    ask.set_defaults(handler=lazy("orchestrator.ask_cli:run_ask"))
     requests = commands.add_parser("requests", help="recent requests, or one request's lifecycle from Redis")
     add_requests_args(requests)
-    requests.set_defaults(handler=_cmd_requests)
+    requests.set_defaults(handler=lazy("orchestrator.ask_cli:run_requests"))
 
     serve = commands.add_parser("serve", help="run one service in the foreground")
     serve_cmds = serve.add_subparsers(dest="serve_command", metavar="SERVICE", required=True)
@@ -161,22 +82,22 @@ def build_parser() -> argparse.ArgumentParser:
     from inference_svc.server_args import add_inference_args
 
     add_inference_args(inference)
-    inference.set_defaults(handler=_cmd_serve_inference)
+    inference.set_defaults(handler=lazy("inference_svc.server:main"))
     orchestrator = serve_cmds.add_parser("orchestrator", help="the Orchestrator gRPC service (Ask, GetRequest)")
     from orchestrator.server_args import add_orchestrator_args
 
     add_orchestrator_args(orchestrator)
-    orchestrator.set_defaults(handler=_cmd_serve_orchestrator)
+    orchestrator.set_defaults(handler=lazy("orchestrator.server:main"))
     corpus = serve_cmds.add_parser("corpus", help="serve the HTML corpus on loopback for the crawler")
     from retriever_svc.corpus_server import add_serve_corpus_args
 
     add_serve_corpus_args(corpus)
-    corpus.set_defaults(handler=_cmd_serve_corpus)
+    corpus.set_defaults(handler=lazy("retriever_svc.corpus_server:run_serve_corpus"))
     retriever = serve_cmds.add_parser("retriever", help="a Retriever gRPC service (anns, crawler or replay)")
     from retriever_svc.server_args import add_retriever_args
 
     add_retriever_args(retriever)
-    retriever.set_defaults(handler=_cmd_serve_retriever)
+    retriever.set_defaults(handler=lazy("retriever_svc.server:main"))
 
     index = commands.add_parser("index", help="build the passage store and DiskANN index")
     index_cmds = index.add_subparsers(dest="index_command", metavar="ACTION", required=True)
@@ -184,7 +105,7 @@ def build_parser() -> argparse.ArgumentParser:
     from retriever_svc.corpus.index import add_index_build_args
 
     add_index_build_args(build)
-    build.set_defaults(handler=_cmd_index_build)
+    build.set_defaults(handler=lazy("retriever_svc.corpus.index:run_index_build"))
 
     trace = commands.add_parser("trace", help="record or synthesize retrieval traces")
     trace_cmds = trace.add_subparsers(dest="trace_command", metavar="ACTION", required=True)
@@ -192,12 +113,12 @@ def build_parser() -> argparse.ArgumentParser:
     from retriever_svc.trace_record import add_trace_record_args
 
     add_trace_record_args(record)
-    record.set_defaults(handler=_cmd_trace_record)
+    record.set_defaults(handler=lazy("retriever_svc.trace_record:run_trace_record"))
     synth = trace_cmds.add_parser("synth", help="synthesize a trace calibrated to the Stream2LLM workloads")
     from load_tests.trace_synth import add_trace_synth_args
 
     add_trace_synth_args(synth)
-    synth.set_defaults(handler=_cmd_trace_synth)
+    synth.set_defaults(handler=lazy("load_tests.trace_synth:run_trace_synth"))
 
     profile = commands.add_parser("profile", help="measure recompute and swap latency for the cost model")
     profile.add_argument("--model", type=Path, default=None, help="model directory (default: the embedded model)")
@@ -217,30 +138,30 @@ def build_parser() -> argparse.ArgumentParser:
     engine.add_argument("--prompt-lengths", default="512,2048,4096")
     engine.add_argument("--repeats", type=int, default=3)
     engine.add_argument("--json", type=Path, default=None, help="write the results here")
-    engine.set_defaults(handler=_cmd_bench_engine)
+    engine.set_defaults(handler=lazy("inference_svc.engine.engine_bench:run_engine_bench"))
     retrieval = bench_cmds.add_parser("retrieval", help="ANNS stage latency and recall against exact search")
     from retriever_svc.retrieval_bench import add_bench_retrieval_args
 
     add_bench_retrieval_args(retrieval)
-    retrieval.set_defaults(handler=_cmd_bench_retrieval)
+    retrieval.set_defaults(handler=lazy("retriever_svc.retrieval_bench:run_bench_retrieval"))
 
     from orchestrator.stack import add_down_args, add_status_args, add_up_args
 
     up = commands.add_parser("up", help="start the whole stack on this machine as processes")
     add_up_args(up)
-    up.set_defaults(handler=_cmd_up)
+    up.set_defaults(handler=lazy("orchestrator.stack:run_up"))
     status = commands.add_parser("status", help="health and key stats of the local stack")
     add_status_args(status)
-    status.set_defaults(handler=_cmd_status)
+    status.set_defaults(handler=lazy("orchestrator.stack:run_status"))
     down = commands.add_parser("down", help="stop the local stack started by up")
     add_down_args(down)
-    down.set_defaults(handler=_cmd_down)
+    down.set_defaults(handler=lazy("orchestrator.stack:run_down"))
 
     demo = commands.add_parser("demo", help="start the local stack and answer one question, streamed and not")
     from orchestrator.demo import add_demo_args
 
     add_demo_args(demo)
-    demo.set_defaults(handler=_cmd_demo)
+    demo.set_defaults(handler=lazy("orchestrator.demo:run_demo"))
     return parser
 
 
