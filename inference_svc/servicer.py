@@ -69,6 +69,7 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
     async def StreamPrompt(self, request_iterator, context) -> AsyncIterator[inference_pb2.StreamPromptResponse]:
         async with self._stream_slot(context):
             first = await self._first_message(request_iterator, context)
+            arrived = time.monotonic()   # the engine's clock: input waits for a running step count
             opening = first.update.open
             request_id = await self._admit(opening.request_id, context)
             try:
@@ -77,7 +78,8 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
                                              opening.HasField("sampling"))
                 await self._check_policy_hint(opening.policy_hint, context)
                 events = self.engine_thread.subscribe(request_id)
-                await self._engine_call(context, lambda e: e.open(request_id, segments, sampling, opening.priority))
+                await self._engine_call(context, lambda e: e.open(request_id, segments, sampling, opening.priority,
+                                                                  arrived_at=arrived))
                 reader = asyncio.create_task(self._read_rest(request_iterator, request_id, events))
                 try:
                     async for event in self._pump(request_id, events, context):
@@ -88,6 +90,7 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
                 self._release(request_id)
 
     async def Generate(self, request, context) -> AsyncIterator[inference_pb2.GenerateResponse]:
+        arrived = time.monotonic()
         async with self._stream_slot(context):
             request_id = await self._admit(request.request_id, context)
             try:
@@ -98,9 +101,9 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
                 events = self.engine_thread.subscribe(request_id)
 
                 def start(engine: Engine) -> None:
-                    engine.open(request_id, segments, sampling, request.priority)
+                    engine.open(request_id, segments, sampling, request.priority, arrived_at=arrived)
                     try:
-                        engine.finish(request_id)
+                        engine.finish(request_id, arrived_at=arrived)
                     except Exception:
                         engine.abort(request_id)
                         engine.release(request_id)
@@ -194,6 +197,7 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
         finished = False
         try:
             async for message in request_iterator:
+                arrived = time.monotonic()
                 kind = message.update.WhichOneof("kind")
                 if finished:
                     raise BadRequest(f"{kind or 'message'} after finish")
@@ -203,13 +207,10 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
                     raise BadRequest("a PromptUpdate must set open, append, update or finish")
                 payload = getattr(message.update, kind)
                 segments = segments_from_proto(payload.segments)
-                if kind == "append":
-                    await self.engine_thread.call(lambda e, s=segments: e.append(request_id, s))
-                elif kind == "update":
-                    await self.engine_thread.call(lambda e, s=segments: e.update(request_id, s))
-                else:
-                    await self.engine_thread.call(lambda e, s=segments: e.finish(request_id, s))
-                    finished = True
+                action = {"append": Engine.append, "update": Engine.update, "finish": Engine.finish}[kind]
+                await self.engine_thread.call(
+                    lambda e, act=action, s=segments, t=arrived: act(e, request_id, s, arrived_at=t))
+                finished = kind == "finish"
             if not finished:
                 raise BadRequest("the client closed its stream before finish")
         except asyncio.CancelledError:

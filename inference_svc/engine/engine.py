@@ -115,7 +115,7 @@ class Engine:
 
     # --- caller input ---------------------------------------------------------------
     def open(self, request_id: str, segments: Sequence[Segment], sampling: SamplingParams,
-             priority: int = 0) -> Request:
+             priority: int = 0, arrived_at: float | None = None) -> Request:
         if not request_id:
             raise EngineInputError("request id must not be empty")
         if request_id in self.requests:
@@ -124,7 +124,7 @@ class Engine:
             sampling.validate()
         except ValueError as exc:
             raise EngineInputError(str(exc)) from exc
-        now = self.clock()
+        now = self.clock() if arrived_at is None else arrived_at
         request = Request(request_id, sampling, now, priority, head_segments=list(segments))
         self._set_prompt(request, self._encode(segments))
         request.num_head_tokens = request.num_prompt_tokens
@@ -135,14 +135,14 @@ class Engine:
         self._emit(request, EventKind.QUEUED)
         return request
 
-    def append(self, request_id: str, segments: Sequence[Segment]) -> None:
+    def append(self, request_id: str, segments: Sequence[Segment], arrived_at: float | None = None) -> None:
         """Add segments at the end of the context (the computed KV stays valid)."""
         request = self._open_request(request_id, "append")
         self._set_prompt(request, request.prompt_token_ids + self._encode(segments))
         request.context_segments.extend(segments)
-        self._input_arrived(request)
+        self._input_arrived(request, arrived_at)
 
-    def update(self, request_id: str, segments: Sequence[Segment]) -> None:
+    def update(self, request_id: str, segments: Sequence[Segment], arrived_at: float | None = None) -> None:
         """Replace the context (not the head); keep KV up to the token LCP."""
         request = self._open_request(request_id, "update")
         new_tokens = request.prompt_token_ids[:request.num_head_tokens] + self._encode(segments)
@@ -157,9 +157,9 @@ class Engine:
             request.stats.tokens_invalidated += invalidated
             self.counters.tokens_invalidated += invalidated
             self._emit(request, EventKind.INVALIDATED, count=invalidated)
-        self._input_arrived(request)
+        self._input_arrived(request, arrived_at)
 
-    def finish(self, request_id: str, suffix: Sequence[Segment] = ()) -> None:
+    def finish(self, request_id: str, suffix: Sequence[Segment] = (), arrived_at: float | None = None) -> None:
         """No more input: append the suffix and let the request decode."""
         request = self._open_request(request_id, "finish")
         tokens = request.prompt_token_ids + self._encode(suffix)
@@ -172,7 +172,7 @@ class Engine:
             # Everything is prefilled but the last chunk produced no logits (the context was not
             # complete then): recompute the last token. Truncating copies a shared block first.
             self._invalidate_from(request, request.num_computed_tokens - 1)
-        self._input_arrived(request)
+        self._input_arrived(request, arrived_at)
 
     def abort(self, request_id: str) -> None:
         request = self.requests.get(request_id)
@@ -317,8 +317,10 @@ class Engine:
                 f"prompt of {len(tokens)} tokens exceeds the limit of {limit} (model context "
                 f"{self.max_model_len}, device pool {self.kv.device.num_blocks} blocks)")
 
-    def _input_arrived(self, request: Request) -> None:
-        now = self.clock()
+    def _input_arrived(self, request: Request, arrived_at: float | None) -> None:
+        """`arrived_at`: when the caller received the input (engine clock); default now. A caller
+        on another thread passes it so the wait for a running step counts towards TTFT."""
+        now = self.clock() if arrived_at is None else arrived_at
         request.last_chunk_arrival_time = now
         request.stats.last_input_time = now
         if request.state is RequestState.WAITING and request.queued_since is None:

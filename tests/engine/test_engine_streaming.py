@@ -216,3 +216,16 @@ def test_finish_without_suffix_after_full_prefill_still_answers():
     assert tokens_of(events, "b") == expected_output(prompt_tokens(engine, HEAD + DOCS), 6)
     assert tokens_of(events, "a") == expected_output(prompt_tokens(engine, HEAD + DOCS + SUFFIX), 6)
     engine.kv.check_invariants()
+
+
+def test_input_arrival_time_given_by_the_caller_is_what_ttft_counts_from():
+    """A caller on another thread stamps input when it arrives; the wait for a running step counts."""
+    clock = iter(range(100, 1000))
+    engine = fake_engine()
+    engine.clock = engine.scheduler.clock = lambda: float(next(clock))
+    engine.open("r", HEAD, GREEDY, arrived_at=50.0)
+    engine.finish("r", SUFFIX, arrived_at=60.0)      # received at 60, applied later
+    run_to_completion(engine)
+    stats = engine.requests["r"].stats
+    assert (stats.arrival_time, stats.last_input_time) == (50.0, 60.0)
+    assert stats.ttft_from_last_input_s == stats.first_token_time - 60.0
