@@ -144,6 +144,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_bench_retrieval_args(retrieval)
     retrieval.set_defaults(handler=lazy("retriever_svc.retrieval_bench:run_bench_retrieval"))
+    replay = bench_cmds.add_parser("replay", help="replay a trace against Inference: streaming vs non-streaming")
+    from load_tests.replay import add_bench_replay_args
+
+    add_bench_replay_args(replay)
+    replay.set_defaults(handler=lazy("load_tests.replay:run_bench_replay"))
 
     from orchestrator.stack import add_down_args, add_status_args, add_up_args
 

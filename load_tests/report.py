@@ -1,0 +1,166 @@
+"""The replay benchmark's summary: percentiles, streaming speedups, `summary.json` and `report.md`.
+
+`summarize_run` turns one replay run's request records into a configuration entry;
+`add_speedups` pairs every entry with the non-streaming entry of the same engine, workload,
+policy, eviction and QPS of the same run (a non-streaming entry gets 1.0);
+`render_report` writes the markdown: per workload, a detail table (every configuration,
+p50/p95/p99 TTFT and speedups) and the paper's Table 3 and Table 4 shapes (rows policies,
+columns eviction modes). Standard library only.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+PERCENTILES = (("p50", 50.0), ("p95", 95.0), ("p99", 99.0))
+PAIR_KEYS = ("engine", "workload", "policy", "eviction", "qps")
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """Linear interpolation between closest ranks (numpy's default); NaN for no values."""
+    if not values:
+        return math.nan
+    ordered = sorted(values)
+    pos = (len(ordered) - 1) * q / 100.0
+    low = math.floor(pos)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (pos - low)
+
+
+def percentiles(values: Sequence[float]) -> dict[str, float]:
+    out = {name: percentile(values, q) for name, q in PERCENTILES}
+    out["mean"] = sum(values) / len(values) if values else math.nan
+    return out
+
+
+def summarize_run(meta: Mapping[str, Any], records: Sequence[Mapping[str, Any]],
+                  trace_completion_s: float) -> dict[str, Any]:
+    """One configuration entry from a run's per-request records (see `replay.RequestRecord.as_json`)."""
+    ok = [r for r in records if r.get("error") is None and r.get("ttft_s") is not None]
+    entry: dict[str, Any] = dict(meta)
+    entry.update({
+        "requests": len(ok),
+        "failed": len(records) - len(ok),
+        "ttft_s": percentiles([r["ttft_s"] for r in ok]),
+        "ttft_from_arrival_s": percentiles([r["ttft_from_arrival_s"] for r in ok]),
+        "server_ttft_s": percentiles([r["server_ttft_s"] for r in ok if r.get("server_ttft_s") is not None]),
+        "preemptions": {"recompute": sum(r.get("preemptions_recompute", 0) for r in ok),
+                        "swap": sum(r.get("preemptions_swap", 0) for r in ok)},
+        "tokens_invalidated_total": sum(r.get("tokens_invalidated", 0) for r in ok),
+        "tokens_invalidated_per_request": percentiles([float(r.get("tokens_invalidated", 0)) for r in ok]),
+        "prompt_tokens_total": sum(r.get("prompt_tokens", 0) for r in ok),
+        "tokens_computed_total": sum(r.get("tokens_computed", 0) for r in ok),
+        "trace_completion_s": trace_completion_s,
+        "max_send_lag_s": max((r.get("send_lag_s", 0.0) for r in records), default=0.0),
+    })
+    errors = sorted({r["error"] for r in records if r.get("error")})
+    if errors:
+        entry["errors"] = errors[:5]
+    return entry
+
+
+def _ratio(numerator: float, denominator: float) -> float | None:
+    if not (math.isfinite(numerator) and math.isfinite(denominator)) or denominator <= 0:
+        return None
+    return numerator / denominator
+
+
+def add_speedups(configs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Set `speedup_vs_nonstreaming` (non-streaming TTFT / this TTFT, per percentile) in place."""
+    baselines = {tuple(c[k] for k in PAIR_KEYS): c for c in configs if not c["streaming"]}
+    for config in configs:
+        base = baselines.get(tuple(config[k] for k in PAIR_KEYS))
+        if base is None:
+            config["speedup_vs_nonstreaming"] = {name: None for name, _ in PERCENTILES}
+            continue
+        config["speedup_vs_nonstreaming"] = {
+            name: (1.0 if config is base else _ratio(base["ttft_s"][name], config["ttft_s"][name]))
+            for name, _ in PERCENTILES}
+    return configs
+
+
+# --- markdown ---------------------------------------------------------------------------------
+
+def _s(value: float | None, digits: int = 3) -> str:
+    return "—" if value is None or not math.isfinite(value) else f"{value:.{digits}f}"
+
+
+def _x(value: float | None) -> str:
+    return "—" if value is None or not math.isfinite(value) else f"{value:.2f}x"
+
+
+def _label(config: Mapping[str, Any]) -> str:
+    return f"{config['policy']}/{config['eviction']} {'streaming' if config['streaming'] else 'non-streaming'}"
+
+
+def _table(header: Sequence[str], rows: Iterable[Sequence[str]]) -> list[str]:
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    return lines
+
+
+def _ordered(values: Iterable[str]) -> list[str]:
+    return list(dict.fromkeys(values))
+
+
+def render_report(summary: Mapping[str, Any]) -> str:
+    configs: list[Mapping[str, Any]] = summary["configs"]
+    meta = summary.get("meta", {})
+    lines = ["# Replay benchmark", ""]
+    if meta:
+        lines += [f"- {key}: `{value}`" for key, value in meta.items()] + [""]
+    lines += ["TTFT is the paper's: first token minus the arrival of the query's last context chunk. "
+              "Time from arrival is first token minus the query's (Poisson) arrival. Speedups are "
+              "non-streaming TTFT / streaming TTFT of the same engine, workload, policy, eviction and "
+              "QPS in this run.", ""]
+    for workload in _ordered(c["workload"] for c in configs):
+        group = [c for c in configs if c["workload"] == workload]
+        lines += [f"## Workload: {workload}", "", "### All configurations", ""]
+        lines += _table(
+            ["config", "QPS", "requests", "TTFT p50 (s)", "p95", "p99", "from arrival p50 (s)", "p99",
+             "speedup p50", "p95", "p99", "preempt recompute/swap", "tokens invalidated", "completion (s)"],
+            ([_label(c), f"{c['qps']:g}", str(c["requests"]) + (f" ({c['failed']} failed)" if c.get("failed") else ""),
+              _s(c["ttft_s"]["p50"]), _s(c["ttft_s"]["p95"]), _s(c["ttft_s"]["p99"]),
+              _s(c["ttft_from_arrival_s"]["p50"]), _s(c["ttft_from_arrival_s"]["p99"]),
+              _x(c["speedup_vs_nonstreaming"]["p50"]), _x(c["speedup_vs_nonstreaming"]["p95"]),
+              _x(c["speedup_vs_nonstreaming"]["p99"]),
+              f"{c['preemptions']['recompute']}/{c['preemptions']['swap']}", str(c["tokens_invalidated_total"]),
+              _s(c["trace_completion_s"], 2)] for c in group))
+        lines.append("")
+        policies = _ordered(c["policy"] for c in group)
+        evictions = _ordered(c["eviction"] for c in group)
+        for qps in _ordered(c["qps"] for c in group):
+            at = {(c["policy"], c["eviction"], c["streaming"]): c for c in group if c["qps"] == qps}
+            lines += [f"### Table 3 shape: streaming speedup vs non-streaming, QPS {qps:g} "
+                      "(cell: speedup P50 / P99 (streaming TTFT P50 / P99 in s))", ""]
+            rows = []
+            for policy in policies:
+                row = [policy]
+                for eviction in evictions:
+                    c = at.get((policy, eviction, True))
+                    row.append("—" if c is None else
+                               f"{_x(c['speedup_vs_nonstreaming']['p50'])} / {_x(c['speedup_vs_nonstreaming']['p99'])} "
+                               f"({_s(c['ttft_s']['p50'])} / {_s(c['ttft_s']['p99'])})")
+                rows.append(row)
+            baseline = [c for c in group if c["qps"] == qps and not c["streaming"]]
+            rows += [[f"non-streaming ({c['policy']}/{c['eviction']})"] +
+                     [f"1.00x / 1.00x ({_s(c['ttft_s']['p50'])} / {_s(c['ttft_s']['p99'])})"
+                      if e == c["eviction"] else "" for e in evictions] for c in baseline]
+            lines += [*_table(["policy", *evictions], rows), ""]
+            lines += [f"### Table 4 shape: preemptions (streaming), QPS {qps:g} "
+                      "(cell: total (recompute / swap))", ""]
+            rows = []
+            for policy in policies:
+                row = [policy]
+                for eviction in evictions:
+                    c = at.get((policy, eviction, True))
+                    if c is None:
+                        row.append("—")
+                        continue
+                    rec, swap = c["preemptions"]["recompute"], c["preemptions"]["swap"]
+                    row.append(f"{rec + swap} ({rec} / {swap})")
+                rows.append(row)
+            lines += [*_table(["policy", *evictions], rows), ""]
+    return "\n".join(lines).rstrip() + "\n"
