@@ -76,11 +76,16 @@ class EngineThread:
 
     async def call(self, fn: Callable[[Engine], Any]) -> Any:
         """Run `fn(engine)` on the engine thread between steps; its exception is raised here."""
+        return await self.submit(fn)
+
+    def submit(self, fn: Callable[[Engine], Any]) -> asyncio.Future:
+        """Queue `fn(engine)` without waiting: commands run in submission order, and several
+        that arrive while a step runs are applied together before the next step."""
         if self.fatal_error is not None:
             raise RuntimeError(f"engine stopped after an internal error: {self.fatal_error}")
         future: Future = Future()
         self._commands.put((lambda: fn(self.engine), future))
-        return await asyncio.wrap_future(future)
+        return asyncio.wrap_future(future)
 
     def abort_soon(self, request_id: str) -> None:
         """Fire-and-forget abort (from cancellation paths that cannot await)."""

@@ -193,8 +193,18 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
             await self._abort(context, error.code, error.message)
 
     async def _read_rest(self, request_iterator, request_id: str, events: asyncio.Queue) -> None:
-        """Apply append/update/finish as they arrive; a violation ends the call via the queue."""
+        """Apply append/update/finish as they arrive; a violation ends the call via the queue.
+
+        Commands are queued without waiting for the engine, so messages that arrive while a
+        step runs (the last update and the finish, typically) are applied together; an
+        engine-side rejection still ends the call with its status.
+        """
         finished = False
+
+        def report(future: asyncio.Future) -> None:
+            if not future.cancelled() and future.exception() is not None:
+                events.put_nowait(status_for(future.exception()))
+
         try:
             async for message in request_iterator:
                 arrived = time.monotonic()
@@ -208,8 +218,9 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
                 payload = getattr(message.update, kind)
                 segments = segments_from_proto(payload.segments)
                 action = {"append": Engine.append, "update": Engine.update, "finish": Engine.finish}[kind]
-                await self.engine_thread.call(
-                    lambda e, act=action, s=segments, t=arrived: act(e, request_id, s, arrived_at=t))
+                self.engine_thread.submit(
+                    lambda e, act=action, s=segments, t=arrived: act(e, request_id, s, arrived_at=t)
+                ).add_done_callback(report)
                 finished = kind == "finish"
             if not finished:
                 raise BadRequest("the client closed its stream before finish")
