@@ -37,16 +37,21 @@ SLOW_TRACE = Trace((TraceQuery("slow", "how do files work", "crawler", "synthesi
 class Stack:
     def __init__(self, model_dir: Path, root: Path) -> None:
         self.root = root
-        self.redis = PrivateRedis(root, persist=True)
-        self.index_dir = build_tiny_index(root)
-        self.corpus = CorpusServer(root=root / "site", port=0)
-        self.corpus.start()
-        self.inference = RunningInference(model_dir, kv_device_blocks=256, token_budget=256, policy="fcfs")
+        self.redis = self.corpus = self.inference = self.orchestrator = self.channel = None
+        self.retrievers: dict[str, ServiceRunner] = {}
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, name="e2e-stack", daemon=True)
         self.thread.start()
-        self.retrievers: dict[str, ServiceRunner] = {}
-        self._run(self._start())
+        try:
+            self.redis = PrivateRedis(root, persist=True)
+            self.index_dir = build_tiny_index(root)
+            self.corpus = CorpusServer(root=root / "site", port=0)
+            self.corpus.start()
+            self.inference = RunningInference(model_dir, kv_device_blocks=256, token_budget=256, policy="fcfs")
+            self._run(self._start())
+        except BaseException:
+            self.stop()          # whatever did start: no process outlives a failed set-up
+            raise
         self.channel = grpc.insecure_channel(f"127.0.0.1:{self.orchestrator_port}")
         self.stub = orchestrator_pb2_grpc.OrchestratorStub(self.channel)
 
@@ -77,15 +82,17 @@ class Stack:
         self._run(self.retrievers[name].stop(0))
 
     def stop(self) -> None:
-        self.channel.close()
-        self._run(self.orchestrator.stop(0))
+        if self.channel is not None:
+            self.channel.close()
+        if self.orchestrator is not None:
+            self._run(self.orchestrator.stop(0))
         for runner in self.retrievers.values():
             self._run(runner.stop(0))
         self.loop.call_soon_threadsafe(self.loop.stop)
         self.thread.join(30)
-        self.inference.stop()
-        self.corpus.stop()
-        self.redis.stop()
+        for part in (self.inference, self.corpus, self.redis):
+            if part is not None:
+                part.stop()
 
 
 def ask(stub, question: str, retriever: int = orchestrator_pb2.RETRIEVER_CHOICE_ANNS, *, no_stream: bool = False,

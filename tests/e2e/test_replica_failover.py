@@ -21,33 +21,41 @@ NONE = orchestrator_pb2.RETRIEVER_CHOICE_NONE
 
 @pytest.fixture
 def two_replicas(embedded_model_dir, tmp_path):
+    """Two replicas behind an orchestrator; everything started is stopped, even if set-up fails."""
     redis = PrivateRedis(tmp_path)
-    replicas = [RunningInference(embedded_model_dir, kv_device_blocks=128, token_budget=256) for _ in range(2)]
+    replicas: list[RunningInference] = []
     loop = asyncio.new_event_loop()
     thread = threading.Thread(target=loop.run_forever, daemon=True)
     thread.start()
+    service = channel = None
 
     def run(coro):
         return asyncio.run_coroutine_threadsafe(coro, loop).result(120)
 
     async def start():
         # The router refreshes its stats rarely here, so it keeps trusting a replica that just died.
-        service = OrchestratorService(ServiceConfig("orchestrator", port=0, metrics_port=None, grace_s=0),
-                                      redis_url=redis.url, inference=[r.address for r in replicas], retrievers={},
-                                      router_refresh_s=3600)
-        return service, await service.start(handle_signals=False)
+        orchestrator = OrchestratorService(ServiceConfig("orchestrator", port=0, metrics_port=None, grace_s=0),
+                                           redis_url=redis.url, inference=[r.address for r in replicas],
+                                           retrievers={}, router_refresh_s=3600)
+        return orchestrator, await orchestrator.start(handle_signals=False)
 
-    service, port = run(start())
-    channel = grpc.insecure_channel(f"127.0.0.1:{port}")
-    yield orchestrator_pb2_grpc.OrchestratorStub(channel), service, replicas
-    channel.close()
-    run(service.stop(0))
-    loop.call_soon_threadsafe(loop.stop)
-    thread.join(30)
-    for replica in replicas:
-        if replica.thread.is_alive():
-            replica.stop()
-    redis.stop()
+    try:
+        replicas.extend(RunningInference(embedded_model_dir, kv_device_blocks=128, token_budget=256)
+                        for _ in range(2))
+        service, port = run(start())
+        channel = grpc.insecure_channel(f"127.0.0.1:{port}")
+        yield orchestrator_pb2_grpc.OrchestratorStub(channel), service, replicas
+    finally:
+        if channel is not None:
+            channel.close()
+        if service is not None:
+            run(service.stop(0))
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(30)
+        for replica in replicas:
+            if replica.thread.is_alive():
+                replica.stop()
+        redis.stop()
 
 
 def ask(stub):
