@@ -9,6 +9,7 @@ at the next step; so does the client cancelling or its deadline passing.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 import uuid
@@ -127,24 +128,20 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
         return inference_pb2.GetStatsResponse(stats=stats)
 
     # --- stream plumbing --------------------------------------------------------------
-    def _stream_slot(self, context):
-        servicer = self
-
-        class Slot:
-            async def __aenter__(self):
-                # Count calls, not admitted ids: a call holds its slot before its first message.
-                if servicer._open_streams >= servicer.max_streams:
-                    await servicer._abort(context, grpc.StatusCode.RESOURCE_EXHAUSTED,
-                                          f"too many open streams (limit {servicer.max_streams})")
-                servicer._open_streams += 1
-                servicer.metrics.open_streams.inc()
-
-            async def __aexit__(self, *exc):
-                servicer._open_streams -= 1
-                servicer.metrics.open_streams.dec()
-                return False
-
-        return Slot()
+    @contextlib.asynccontextmanager
+    async def _stream_slot(self, context) -> AsyncIterator[None]:
+        """Hold one of `max_streams` slots for the whole call. Calls are counted, not admitted
+        ids: a call holds its slot before its first message arrives."""
+        if self._open_streams >= self.max_streams:
+            await self._abort(context, grpc.StatusCode.RESOURCE_EXHAUSTED,
+                              f"too many open streams (limit {self.max_streams})")
+        self._open_streams += 1
+        self.metrics.open_streams.inc()
+        try:
+            yield
+        finally:
+            self._open_streams -= 1
+            self.metrics.open_streams.dec()
 
     async def _first_message(self, request_iterator, context):
         try:

@@ -293,7 +293,7 @@ class AskPipeline:
                     try:
                         self.replica = self.router.choose(preamble_key(), exclude={failed})
                     except Exception:
-                        await self.out.put(_status(grpc.StatusCode.UNAVAILABLE, f"no replica left after {failed}"))
+                        await self.out.put(AskFailed(grpc.StatusCode.UNAVAILABLE, f"no replica left after {failed}"))
                         return
                     await self.store.event(self.s.request_id, "ERROR", detail=f"replica {failed} failed: "
                                            f"{exc.details()}; retrying on {self.replica.address}")
@@ -301,7 +301,7 @@ class AskPipeline:
                     await session.reopen(self.replica.stub)
                     continue
                 code = grpc.StatusCode.UNAVAILABLE if retryable else exc.code()
-                await self.out.put(_status(code, f"inference failed: {exc.details()}"))
+                await self.out.put(AskFailed(code, f"inference failed: {exc.details()}"))
                 return
 
     # --- non-streaming baseline ---------------------------------------------------------
@@ -322,7 +322,7 @@ class AskPipeline:
                 except grpc.RpcError as exc:
                     if attempt or self.timeline.first_token is not None or exc.code() not in (
                             grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN):
-                        await self.out.put(_status(exc.code(), f"inference failed: {exc.details()}"))
+                        await self.out.put(AskFailed(exc.code(), f"inference failed: {exc.details()}"))
                         return
                     self.router.mark_failed(self.replica.address)
                     self.replica = self.router.choose(preamble_key(), exclude={self.replica.address})
@@ -376,7 +376,3 @@ def _lifecycle(kind: int, detail: str) -> orchestrator_pb2.AskEvent:
 class AskFailed(Exception):
     code: grpc.StatusCode
     message: str
-
-
-def _status(code: grpc.StatusCode, message: str) -> AskFailed:
-    return AskFailed(code, message)

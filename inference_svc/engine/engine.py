@@ -24,7 +24,7 @@ import torch
 
 from inference_svc.engine.cost_model import CostModel
 from inference_svc.engine.events import EngineEvent, EventKind
-from inference_svc.engine.kv_manager import KVCacheManager, blocks_for
+from inference_svc.engine.kv_manager import KVCacheManager
 from inference_svc.engine.model_runner import ChunkInput
 from inference_svc.engine.policies import make_policy
 from inference_svc.engine.request import FinishReason, Request, RequestState, Segment
@@ -263,9 +263,13 @@ class Engine:
         self._text[request.request_id] = text
         return text[len(previous):] if text.startswith(previous) else text
 
+    @property
+    def max_sequence_tokens(self) -> int:
+        """The longest sequence (prompt + output) this engine can hold: model context or device pool."""
+        return min(self.max_model_len, self.kv.device.num_blocks * self.kv.block_size)
+
     def _room_to_grow(self, request: Request) -> bool:
-        next_len = request.num_tokens + 1
-        return next_len <= self.max_model_len and blocks_for(next_len, self.kv.block_size) <= self.kv.device.num_blocks
+        return request.num_tokens + 1 <= self.max_sequence_tokens
 
     def _note_scheduling(self, out: SchedulerOutput) -> None:
         for request in out.newly_scheduled:
@@ -311,7 +315,7 @@ class Engine:
         request.prompt_token_ids = tokens
 
     def _check_fits(self, request: Request, tokens: list[int]) -> None:
-        limit = min(self.max_model_len - 1, self.kv.device.num_blocks * self.kv.block_size - 1)
+        limit = self.max_sequence_tokens - 1   # room for at least one generated token
         if len(tokens) > limit:
             raise PromptTooLongError(
                 f"prompt of {len(tokens)} tokens exceeds the limit of {limit} (model context "
