@@ -29,6 +29,7 @@ from inference_svc.convert import (
 from inference_svc.engine.engine import DuplicateRequestError, Engine, EngineInputError, PromptTooLongError
 from inference_svc.engine.events import EngineEvent, EventKind
 from inference_svc.engine.policies import POLICIES
+from inference_svc.engine.request import Segment
 from inference_svc.engine_thread import EngineThread, RequestSummary
 from inference_svc.metrics import InferenceMetrics
 from protos import inference_pb2, inference_pb2_grpc
@@ -54,17 +55,123 @@ def status_for(exc: Exception) -> StreamError:
     return StreamError(grpc.StatusCode.INTERNAL, f"internal error: {exc}")
 
 
-class InferenceServicer(inference_pb2_grpc.InferenceServicer):
-    def __init__(self, engine_thread: EngineThread, model_info: inference_pb2.ModelInfo,
-                 metrics: InferenceMetrics, max_streams: int = 256) -> None:
-        self.engine_thread = engine_thread
+def next_stream_message(message: inference_pb2.StreamPromptRequest, finished: bool) -> tuple[str, list[Segment]]:
+    """Check one StreamPrompt message after `open` against the protocol; returns (kind, segments).
+    Raises `BadRequest` for a message after finish, a second open, or no kind."""
+    kind = message.update.WhichOneof("kind")
+    if finished:
+        raise BadRequest(f"{kind or 'message'} after finish")
+    if kind == "open":
+        raise BadRequest("the stream is already open: a second open is not allowed")
+    if kind is None:
+        raise BadRequest("a PromptUpdate must set open, append, update or finish")
+    return kind, segments_from_proto(getattr(message.update, kind).segments)
+
+
+class StreamServicerBase(inference_pb2_grpc.InferenceServicer):
+    """What every backend's servicer shares: stream slots, request ids, validation of messages,
+    the event pump and error statuses. Subclasses implement the RPCs and `_release`."""
+
+    def __init__(self, model_info: inference_pb2.ModelInfo, metrics: InferenceMetrics,
+                 max_streams: int = 256) -> None:
         self.model_info = model_info
         self.metrics = metrics
         self.max_streams = max_streams
         self._active: set[str] = set()
         self._open_streams = 0
-        self._stats = inference_pb2.EngineStats()
         self._clock_offset_s = time.time() - time.monotonic()
+
+    async def Describe(self, request, context) -> inference_pb2.DescribeResponse:
+        return inference_pb2.DescribeResponse(model_info=self.model_info)
+
+    def _release(self, request_id: str) -> None:
+        raise NotImplementedError
+
+    # --- stream plumbing --------------------------------------------------------------
+    @contextlib.asynccontextmanager
+    async def _stream_slot(self, context) -> AsyncIterator[None]:
+        """Hold one of `max_streams` slots for the whole call. Calls are counted, not admitted
+        ids: a call holds its slot before its first message arrives."""
+        if self._open_streams >= self.max_streams:
+            await self._abort(context, grpc.StatusCode.RESOURCE_EXHAUSTED,
+                              f"too many open streams (limit {self.max_streams})")
+        self._open_streams += 1
+        self.metrics.open_streams.inc()
+        try:
+            yield
+        finally:
+            self._open_streams -= 1
+            self.metrics.open_streams.dec()
+
+    async def _first_message(self, request_iterator, context):
+        try:
+            first = await anext(aiter(request_iterator))
+        except StopAsyncIteration:
+            await self._abort(context, grpc.StatusCode.INVALID_ARGUMENT, "empty stream: the first message must be open")
+        if first.update.WhichOneof("kind") != "open":
+            await self._abort(context, grpc.StatusCode.INVALID_ARGUMENT,
+                              f"the first message must be open, got {first.update.WhichOneof('kind') or 'nothing'}")
+        return first
+
+    async def _admit(self, request_id: str, context) -> str:
+        request_id = request_id or uuid.uuid4().hex
+        try:
+            check_request_id(request_id)
+        except BadRequest as exc:
+            await self._abort(context, grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        if request_id in self._active:
+            await self._abort(context, grpc.StatusCode.ALREADY_EXISTS, f"request {request_id!r} is already open")
+        self._active.add(request_id)
+        return request_id
+
+    async def _parse(self, context, fn, *args):
+        try:
+            return fn(*args)
+        except BadRequest as exc:
+            await self._abort(context, grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+
+    async def _check_policy_hint(self, hint: str, context) -> None:
+        """The policy is engine-wide; a hint must at least name a real policy."""
+        if hint and hint not in POLICIES:
+            await self._abort(context, grpc.StatusCode.INVALID_ARGUMENT,
+                              f"unknown policy hint {hint!r}; choose one of {', '.join(POLICIES)}")
+
+    async def _pump(self, request_id: str, events: asyncio.Queue,
+                    context) -> AsyncIterator[inference_pb2.InferenceEvent]:
+        token_index = 0
+        while True:
+            item = await events.get()
+            if isinstance(item, RequestSummary):
+                self._observe_ttft(item)
+                yield done_to_proto(item)
+                return
+            if isinstance(item, StreamError):
+                await self._abort(context, item.code, item.message)
+            if isinstance(item, BaseException):
+                await self._abort(context, grpc.StatusCode.INTERNAL, f"engine error: {item}")
+            if isinstance(item, EngineEvent):
+                yield event_to_proto(item, token_index, self._clock_offset_s)
+                if item.kind is EventKind.TOKEN:
+                    token_index += 1
+
+    def _observe_ttft(self, summary: RequestSummary) -> None:
+        if summary.stats.first_token_time is not None:
+            self.metrics.ttft.labels("open").observe(summary.stats.ttft_from_open_s)
+            self.metrics.ttft.labels("last_chunk").observe(summary.stats.ttft_from_last_input_s)
+
+    async def _abort(self, context, code: grpc.StatusCode, message: str):
+        self.metrics.rpc_errors.labels(code.name).inc()
+        await context.abort(code, message)
+
+
+class InferenceServicer(StreamServicerBase):
+    """The native engine's servicer: commands go to the engine thread."""
+
+    def __init__(self, engine_thread: EngineThread, model_info: inference_pb2.ModelInfo,
+                 metrics: InferenceMetrics, max_streams: int = 256) -> None:
+        super().__init__(model_info, metrics, max_streams)
+        self.engine_thread = engine_thread
+        self._stats = inference_pb2.EngineStats()
 
     # --- RPCs -----------------------------------------------------------------------
     async def StreamPrompt(self, request_iterator, context) -> AsyncIterator[inference_pb2.StreamPromptResponse]:
@@ -116,9 +223,6 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
             finally:
                 self._release(request_id)
 
-    async def Describe(self, request, context) -> inference_pb2.DescribeResponse:
-        return inference_pb2.DescribeResponse(model_info=self.model_info)
-
     async def GetStats(self, request, context) -> inference_pb2.GetStatsResponse:
         """The snapshot published after the engine's last step: never waits for a running step."""
         stats = inference_pb2.EngineStats()
@@ -127,60 +231,11 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
         stats.num_active = len(self._active)
         return inference_pb2.GetStatsResponse(stats=stats)
 
-    # --- stream plumbing --------------------------------------------------------------
-    @contextlib.asynccontextmanager
-    async def _stream_slot(self, context) -> AsyncIterator[None]:
-        """Hold one of `max_streams` slots for the whole call. Calls are counted, not admitted
-        ids: a call holds its slot before its first message arrives."""
-        if self._open_streams >= self.max_streams:
-            await self._abort(context, grpc.StatusCode.RESOURCE_EXHAUSTED,
-                              f"too many open streams (limit {self.max_streams})")
-        self._open_streams += 1
-        self.metrics.open_streams.inc()
-        try:
-            yield
-        finally:
-            self._open_streams -= 1
-            self.metrics.open_streams.dec()
-
-    async def _first_message(self, request_iterator, context):
-        try:
-            first = await anext(aiter(request_iterator))
-        except StopAsyncIteration:
-            await self._abort(context, grpc.StatusCode.INVALID_ARGUMENT, "empty stream: the first message must be open")
-        if first.update.WhichOneof("kind") != "open":
-            await self._abort(context, grpc.StatusCode.INVALID_ARGUMENT,
-                              f"the first message must be open, got {first.update.WhichOneof('kind') or 'nothing'}")
-        return first
-
-    async def _admit(self, request_id: str, context) -> str:
-        request_id = request_id or uuid.uuid4().hex
-        try:
-            check_request_id(request_id)
-        except BadRequest as exc:
-            await self._abort(context, grpc.StatusCode.INVALID_ARGUMENT, str(exc))
-        if request_id in self._active:
-            await self._abort(context, grpc.StatusCode.ALREADY_EXISTS, f"request {request_id!r} is already open")
-        self._active.add(request_id)
-        return request_id
-
     def _release(self, request_id: str) -> None:
         """The call is over: abort the request if it is still in the engine (frees its blocks)."""
         self._active.discard(request_id)
         self.engine_thread.unsubscribe(request_id)
         self.engine_thread.abort_soon(request_id)
-
-    async def _parse(self, context, fn, *args):
-        try:
-            return fn(*args)
-        except BadRequest as exc:
-            await self._abort(context, grpc.StatusCode.INVALID_ARGUMENT, str(exc))
-
-    async def _check_policy_hint(self, hint: str, context) -> None:
-        """The policy is engine-wide; a hint must at least name a real policy."""
-        if hint and hint not in POLICIES:
-            await self._abort(context, grpc.StatusCode.INVALID_ARGUMENT,
-                              f"unknown policy hint {hint!r}; choose one of {', '.join(POLICIES)}")
 
     async def _engine_call(self, context, fn) -> None:
         try:
@@ -205,15 +260,7 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
         try:
             async for message in request_iterator:
                 arrived = time.monotonic()
-                kind = message.update.WhichOneof("kind")
-                if finished:
-                    raise BadRequest(f"{kind or 'message'} after finish")
-                if kind == "open":
-                    raise BadRequest("the stream is already open: a second open is not allowed")
-                if kind is None:
-                    raise BadRequest("a PromptUpdate must set open, append, update or finish")
-                payload = getattr(message.update, kind)
-                segments = segments_from_proto(payload.segments)
+                kind, segments = next_stream_message(message, finished)
                 action = {"append": Engine.append, "update": Engine.update, "finish": Engine.finish}[kind]
                 self.engine_thread.submit(
                     lambda e, act=action, s=segments, t=arrived: act(e, request_id, s, arrived_at=t)
@@ -225,33 +272,6 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
             raise
         except Exception as exc:
             events.put_nowait(status_for(exc))
-
-    async def _pump(self, request_id: str, events: asyncio.Queue,
-                    context) -> AsyncIterator[inference_pb2.InferenceEvent]:
-        token_index = 0
-        while True:
-            item = await events.get()
-            if isinstance(item, RequestSummary):
-                self._observe_ttft(item)
-                yield done_to_proto(item)
-                return
-            if isinstance(item, StreamError):
-                await self._abort(context, item.code, item.message)
-            if isinstance(item, BaseException):
-                await self._abort(context, grpc.StatusCode.INTERNAL, f"engine error: {item}")
-            if isinstance(item, EngineEvent):
-                yield event_to_proto(item, token_index, self._clock_offset_s)
-                if item.kind is EventKind.TOKEN:
-                    token_index += 1
-
-    def _observe_ttft(self, summary: RequestSummary) -> None:
-        if summary.stats.first_token_time is not None:
-            self.metrics.ttft.labels("open").observe(summary.stats.ttft_from_open_s)
-            self.metrics.ttft.labels("last_chunk").observe(summary.stats.ttft_from_last_input_s)
-
-    async def _abort(self, context, code: grpc.StatusCode, message: str):
-        self.metrics.rpc_errors.labels(code.name).inc()
-        await context.abort(code, message)
 
     # --- stats ----------------------------------------------------------------------
     def publish_stats(self, engine: Engine) -> None:
