@@ -22,20 +22,27 @@ SERVICE_NAME = inference_pb2.DESCRIPTOR.services_by_name["Inference"].full_name
 
 
 def engine_spec_from_args(args: argparse.Namespace) -> EngineSpec:
+    model_dir = checked_model_dir(args)
+    return EngineSpec(
+        model_dir=model_dir, device=args.device, dtype=args.dtype, kv_device_blocks=args.kv_device_blocks,
+        kv_device_bytes=args.kv_device_bytes, kv_cpu_blocks=args.kv_cpu_blocks,
+        engine=EngineConfig(block_size=args.block_size or 16, token_budget=args.token_budget,
+                            max_running=args.max_running, policy=args.policy, eviction=args.eviction))
+
+
+def checked_model_dir(args: argparse.Namespace) -> Path:
+    """Check the numeric flags and the model directory (the embedded model by default)."""
     from inference_svc.embedded_model import prepare_embedded_model
 
-    for name in ("kv_device_blocks", "kv_device_bytes", "kv_cpu_blocks", "token_budget", "max_running", "max_streams"):
+    for name in ("kv_device_blocks", "kv_device_bytes", "kv_cpu_blocks", "token_budget", "max_running", "max_streams",
+                 "block_size"):
         value = getattr(args, name, None)
         if value is not None and value < (0 if name == "kv_cpu_blocks" else 1):
             raise SystemExit(f"error: --{name.replace('_', '-')} must be positive, got {value}")
     model_dir = args.model or prepare_embedded_model(progress=False)
     if not (Path(model_dir) / "config.json").exists():
         raise SystemExit(f"error: {model_dir} is not a model directory (no config.json)")
-    return EngineSpec(
-        model_dir=Path(model_dir), device=args.device, dtype=args.dtype, kv_device_blocks=args.kv_device_blocks,
-        kv_device_bytes=args.kv_device_bytes, kv_cpu_blocks=args.kv_cpu_blocks,
-        engine=EngineConfig(block_size=args.block_size, token_budget=args.token_budget, max_running=args.max_running,
-                            policy=args.policy, eviction=args.eviction))
+    return Path(model_dir)
 
 
 class InferenceService:
@@ -67,17 +74,25 @@ class InferenceService:
 
     async def stop(self, grace_s: float | None = None) -> None:
         await self.runner.stop(grace_s)
+        self.shutdown()
+
+    def shutdown(self) -> None:
         self.thread.stop()
 
 
 async def serve(args: argparse.Namespace) -> None:
     configure_logging(args.log_level)
-    service = InferenceService(engine_spec_from_args(args), service_config_from_args("inference", args),
-                               args.max_streams, args.backend)
+    config = service_config_from_args("inference", args)
+    if args.backend == "vllm":
+        from inference_svc.vllm_backend.launch import build_vllm_service  # imports vllm: only on this path
+
+        service = build_vllm_service(args, checked_model_dir(args), config)
+    else:
+        service = InferenceService(engine_spec_from_args(args), config, args.max_streams, args.backend)
     port = await service.start()
     print(f"inference service on {args.host}:{port} (metrics :{service.runner.metrics_port})", flush=True)
     await service.runner.wait()
-    service.thread.stop()
+    service.shutdown()
 
 
 def main(args: argparse.Namespace) -> int:

@@ -1,0 +1,73 @@
+"""What a vLLM-backed Inference service is built from, and the vLLM engine arguments it maps to.
+
+Kept free of vllm imports: `engine_args()` imports vllm when it is called.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+# Our policies on vLLM's schedulers: only "default" (FIFO) is vLLM's own "fcfs"; the others run on
+# vLLM's "priority" scheduler with per-request priorities from `priority_for` (policy.py).
+SCHEDULING_POLICY = {"default": "fcfs", "fcfs": "priority", "lcas": "priority", "mcps": "priority",
+                     "klpm": "priority"}
+DEFAULT_CPU_KV_GIB = 1          # ~46k tokens of SmolLM2-135M KV in bf16; leaves the 24 GiB machine alone
+GIB = 1 << 30
+
+
+@dataclass(frozen=True)
+class VllmSpec:
+    model_dir: Path
+    device: str = "cpu"
+    dtype: str = "bfloat16"
+    policy: str = "fcfs"
+    block_size: int | None = None          # None: vLLM's platform default (128 on CPU)
+    kv_device_bytes: int | None = None     # None: DEFAULT_CPU_KV_GIB on CPU, vLLM's memory fraction on CUDA
+    kv_device_blocks: int | None = None    # overrides the byte size (num_gpu_blocks_override)
+    token_budget: int = 2048               # max_num_batched_tokens
+    max_running: int = 256                 # max_num_seqs
+    max_model_len: int | None = None       # None: the model's context
+    enable_prefix_cache: bool = True
+    seed: int = 0
+
+    @property
+    def on_cpu(self) -> bool:
+        return self.device == "cpu"
+
+
+def prepare_environment(spec: VllmSpec) -> None:
+    """Environment vLLM reads at engine start (set before the engine core process is created).
+    Values the caller already exported win."""
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "1")
+    os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
+    os.environ.setdefault("VLLM_DO_NOT_TRACK", "1")
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    if spec.on_cpu:
+        gib = DEFAULT_CPU_KV_GIB if spec.kv_device_bytes is None else max(1, -(-spec.kv_device_bytes // GIB))
+        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(gib))
+        # "auto" pins the worker to one core and reserves the other for the scheduler process on a
+        # 2-core machine; unbound, the forward pass uses every core like the native engine does.
+        os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
+
+
+def engine_args(spec: VllmSpec) -> Any:
+    """The `AsyncEngineArgs` for `spec` (imports vllm)."""
+    from vllm.engine.arg_utils import AsyncEngineArgs
+
+    extra: dict[str, Any] = {}
+    if spec.block_size is not None:
+        extra["block_size"] = spec.block_size
+    if spec.kv_device_blocks is not None:
+        extra["num_gpu_blocks_override"] = spec.kv_device_blocks
+    elif spec.kv_device_bytes is not None and not spec.on_cpu:
+        extra["kv_cache_memory_bytes"] = spec.kv_device_bytes
+    if spec.max_model_len is not None:
+        extra["max_model_len"] = spec.max_model_len
+    return AsyncEngineArgs(
+        model=str(spec.model_dir), tokenizer=str(spec.model_dir), dtype=spec.dtype, enforce_eager=True,
+        enable_prefix_caching=spec.enable_prefix_cache, scheduling_policy=SCHEDULING_POLICY[spec.policy],
+        max_num_batched_tokens=max(spec.token_budget, 1), max_num_seqs=spec.max_running, seed=spec.seed,
+        disable_log_stats=False, **extra)

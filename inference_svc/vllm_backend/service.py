@@ -1,0 +1,84 @@
+"""The vLLM-backed Inference service: AsyncLLM + servicer + gRPC server, started and stopped as one."""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+import torch
+
+from inference_svc.chat_format import chat_format
+from inference_svc.engine.factory import load_tokenizer
+from inference_svc.engine.tokenization import SegmentTokenizer
+from inference_svc.metrics import InferenceMetrics
+from inference_svc.vllm_backend.config import VllmSpec
+from inference_svc.vllm_backend.engine import start_engine
+from inference_svc.vllm_backend.prompt import PromptLimits, StreamedPrompt
+from inference_svc.vllm_backend.servicer import VllmServicer
+from inference_svc.vllm_backend.stats import StatsSource
+from protos import inference_pb2, inference_pb2_grpc
+from servicekit.config import ServiceConfig
+from servicekit.server import ServiceRunner
+
+log = logging.getLogger(__name__)
+SERVICE_NAME = inference_pb2.DESCRIPTOR.services_by_name["Inference"].full_name
+
+
+def eos_token_ids(model_dir: Path, tokenizer) -> tuple[int, ...]:
+    """End-of-sequence ids from config.json and generation_config.json (as the native runner reads them)."""
+    ids: list[int] = []
+    for name in ("config.json", "generation_config.json"):
+        path = model_dir / name
+        value = json.loads(path.read_text()).get("eos_token_id") if path.exists() else None
+        for token in value if isinstance(value, list) else [value]:
+            if isinstance(token, int) and token not in ids:
+                ids.append(token)
+    if not ids and tokenizer.eos_token_id is not None:
+        ids.append(tokenizer.eos_token_id)
+    return tuple(ids)
+
+
+def kv_bytes_per_block(hf_config, block_size: int, dtype: str) -> int:
+    heads = getattr(hf_config, "num_key_value_heads", None) or hf_config.num_attention_heads
+    head_dim = getattr(hf_config, "head_dim", None) or hf_config.hidden_size // hf_config.num_attention_heads
+    itemsize = torch.empty((), dtype=getattr(torch, dtype)).element_size()
+    return 2 * hf_config.num_hidden_layers * heads * head_dim * block_size * itemsize
+
+
+class VllmInferenceService:
+    """Same surface as `inference_svc.server.InferenceService` (start/stop/runner)."""
+
+    def __init__(self, spec: VllmSpec, config: ServiceConfig, max_streams: int = 256) -> None:
+        self.spec = spec
+        self.llm, counters = start_engine(spec)
+        tokenizer = load_tokenizer(spec.model_dir)
+        segment_tokenizer = SegmentTokenizer(tokenizer)
+        cache = self.llm.vllm_config.cache_config
+        model_config = self.llm.model_config
+        total_blocks, block_size = int(cache.num_gpu_blocks or 0), int(cache.block_size)
+        limits = PromptLimits(model_config.get_vocab_size(), model_config.max_model_len, total_blocks * block_size)
+        self.metrics = InferenceMetrics()
+        info = inference_pb2.ModelInfo(
+            model=spec.model_dir.name, context_length=model_config.max_model_len, block_size=block_size,
+            policy=spec.policy, backend="vllm", eviction_mode="recompute", dtype=spec.dtype, device=spec.device,
+            chat_format=chat_format(tokenizer, eos_token_ids(spec.model_dir, tokenizer)),
+            vocab_size=model_config.get_vocab_size(),
+            token_budget=self.llm.vllm_config.scheduler_config.max_num_batched_tokens)
+        stats = StatsSource(counters, total_blocks, block_size,
+                            kv_bytes_per_block(model_config.hf_config, block_size, spec.dtype),
+                            info.model, spec.policy, info.token_budget)
+        self.servicer = VllmServicer(self.llm, lambda: StreamedPrompt(segment_tokenizer, limits),
+                                     segment_tokenizer.decode, stats, info, self.metrics, max_streams)
+        self.runner = ServiceRunner(config, [(inference_pb2_grpc.add_InferenceServicer_to_server, self.servicer)],
+                                    [SERVICE_NAME], registry=self.metrics.registry)
+
+    async def start(self, handle_signals: bool = True) -> int:
+        return await self.runner.start(handle_signals=handle_signals)
+
+    async def stop(self, grace_s: float | None = None) -> None:
+        await self.runner.stop(grace_s)
+        self.shutdown()
+
+    def shutdown(self) -> None:
+        self.llm.shutdown()

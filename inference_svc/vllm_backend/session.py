@@ -1,0 +1,220 @@
+"""One request on vLLM: appends through a streaming-input session, updates by resubmission.
+
+A request runs as a sequence of vLLM submissions ("incarnations"):
+- While the context grows, the incarnation is a streaming-input session
+  (`AsyncLLM.generate` over an async generator of `StreamingInput`): every chunk is one turn
+  that prefills the chunk and samples one token that vLLM discards before the next turn; the
+  `finish` suffix is the final turn, sampled with the caller's parameters, and only its
+  tokens are the answer.
+- An `update` that changes tokens already submitted aborts the incarnation and submits the
+  new prompt as a new session; vLLM's prefix cache serves the common prefix (whole blocks).
+- A complete prompt with nothing left to send as its own turn (Generate, or `finish` with an
+  empty suffix after the context was submitted) is one plain submission.
+Events go to the caller's queue as the native engine's `EngineEvent`s and `RequestSummary`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import AsyncIterator, Callable
+
+from vllm import SamplingParams as VllmSamplingParams
+from vllm.engine.protocol import StreamingInput
+from vllm.inputs import TokensPrompt
+from vllm.sampling_params import RequestOutputKind
+from vllm.v1.engine.async_llm import AsyncLLM
+
+from inference_svc.engine.events import EngineEvent, EventKind
+from inference_svc.engine.request import FinishReason, RequestStats
+from inference_svc.engine.sampler import SamplingParams
+from inference_svc.engine_thread import RequestSummary
+from inference_svc.vllm_backend.prompt import StreamedPrompt
+
+log = logging.getLogger(__name__)
+FINISH_REASONS = {"stop": FinishReason.STOP, "length": FinishReason.LENGTH, "abort": FinishReason.ABORT}
+_END = object()   # closes a session's input generator after the final turn
+
+
+def vllm_params(params: SamplingParams, max_tokens: int) -> VllmSamplingParams:
+    return VllmSamplingParams(
+        temperature=params.temperature, top_p=params.top_p, top_k=params.top_k, seed=params.seed,
+        max_tokens=max_tokens, stop_token_ids=list(params.stop_token_ids), ignore_eos=params.ignore_eos,
+        output_kind=RequestOutputKind.DELTA, detokenize=False)
+
+
+INTERMEDIATE = VllmSamplingParams(max_tokens=1, temperature=0.0, output_kind=RequestOutputKind.DELTA,
+                                  detokenize=False)
+
+
+class VllmRequest:
+    def __init__(self, llm: AsyncLLM, request_id: str, prompt: StreamedPrompt, sampling: SamplingParams,
+                 priority: Callable[[bool], int], events: asyncio.Queue, decode: Callable[[list[int]], str],
+                 arrived_at: float, on_end: Callable[[RequestSummary], None]) -> None:
+        self.llm = llm
+        self.request_id = request_id
+        self.prompt = prompt
+        self.sampling = sampling
+        self.priority = priority
+        self.events = events
+        self.decode = decode
+        self.on_end = on_end
+        self.stats = RequestStats(arrival_time=arrived_at, last_input_time=arrived_at)
+        self.output: list[int] = []
+        self._text = ""
+        self._incarnation = 0
+        self._task: asyncio.Task | None = None
+        self._inputs: asyncio.Queue | None = None   # chunks for the running session; None: not a session
+        self._submitted = 0                        # prompt tokens sent to the current incarnation
+        self._turns_sent = 0
+        self._final_turn: int | None = None
+        self._scheduled = False
+        self.finished = False
+
+    # --- caller input (validated by `prompt`; raises before changing anything) ---------------
+    def open(self, segments, arrived_at: float) -> None:
+        head = self.prompt.open(segments)
+        self._emit(EventKind.QUEUED)
+        if head:
+            self._start_session(head)
+
+    def append(self, segments, arrived_at: float) -> None:
+        new = self.prompt.append(segments)
+        self._arrived(arrived_at)
+        if new:
+            self._send(new)
+
+    def update(self, segments, arrived_at: float) -> None:
+        lcp = self.prompt.update(segments)
+        self._arrived(arrived_at)
+        if lcp < self._submitted:    # tokens vLLM has were replaced: resubmit, the prefix cache keeps the LCP
+            self.stats.tokens_invalidated += self._submitted - lcp
+            self._emit(EventKind.INVALIDATED, count=self._submitted - lcp)
+            self._stop_incarnation()
+            if self.prompt.tokens:
+                self._start_session(self.prompt.tokens)
+        elif len(self.prompt.tokens) > self._submitted:
+            self._send(self.prompt.tokens[self._submitted:])
+
+    def finish(self, segments, arrived_at: float) -> None:
+        suffix = self.prompt.finish(segments)
+        self._arrived(arrived_at)
+        max_tokens = min(self.sampling.max_tokens,
+                         self.prompt.limits.max_sequence_tokens - len(self.prompt.tokens))
+        final = vllm_params(self.sampling, max_tokens)
+        if self._inputs is not None and suffix:
+            self._final_turn = self._turns_sent
+            self._inputs.put_nowait(StreamingInput(TokensPrompt(prompt_token_ids=suffix), final))
+            self._inputs.put_nowait(_END)
+            self._turns_sent += 1
+            return
+        # Nothing submitted yet, or nothing new to send as the last turn: one plain submission of
+        # the whole prompt (what was submitted before is found in the prefix cache).
+        self._stop_incarnation()
+        self._final_turn = 0
+        self._launch(self._plain(self.prompt.tokens, final), len(self.prompt.tokens))
+
+    def close(self) -> None:
+        """The call ended (any reason): stop the vLLM request; cancelling `generate` aborts it."""
+        self._stop_incarnation()
+
+    # --- incarnations -------------------------------------------------------------------------
+    def _start_session(self, first: list[int]) -> None:
+        self._inputs = asyncio.Queue()
+        self._inputs.put_nowait(StreamingInput(TokensPrompt(prompt_token_ids=list(first)), INTERMEDIATE))
+        self._turns_sent = 1
+        self._final_turn = None
+        self._launch(self._session(self._inputs), len(first))
+
+    def _send(self, tokens: list[int]) -> None:
+        if self._inputs is None:
+            self._start_session(self.prompt.tokens)
+            return
+        self._inputs.put_nowait(StreamingInput(TokensPrompt(prompt_token_ids=list(tokens)), INTERMEDIATE))
+        self._turns_sent += 1
+        self._submitted += len(tokens)
+
+    def _launch(self, outputs: AsyncIterator, submitted: int) -> None:
+        self._incarnation += 1
+        self._submitted = submitted
+        self._task = asyncio.create_task(self._consume(self._incarnation, outputs),
+                                         name=f"vllm-{self.request_id}-{self._incarnation}")
+
+    def _stop_incarnation(self) -> None:
+        if self._task is not None and not self._task.done():
+            self._task.cancel()
+        self._task = None
+        self._inputs = None
+        self._submitted = 0
+
+    def _vllm_id(self) -> str:
+        return f"{self.request_id}#{self._incarnation + 1}"
+
+    def _session(self, inputs: asyncio.Queue) -> AsyncIterator:
+        async def chunks():
+            while (item := await inputs.get()) is not _END:
+                yield item
+
+        return self.llm.generate(chunks(), INTERMEDIATE, self._vllm_id(), priority=self.priority(False))
+
+    def _plain(self, tokens: list[int], params: VllmSamplingParams) -> AsyncIterator:
+        return self.llm.generate(TokensPrompt(prompt_token_ids=list(tokens)), params, self._vllm_id(),
+                                 priority=self.priority(True))
+
+    async def _consume(self, incarnation: int, outputs: AsyncIterator) -> None:
+        turn = 0
+        try:
+            async with contextlib.aclosing(outputs):
+                async for out in outputs:
+                    completion = out.outputs[0]
+                    if not self._scheduled:
+                        self._scheduled = True
+                        self._emit(EventKind.SCHEDULED)
+                    self.stats.prefix_cache_hit_tokens = max(self.stats.prefix_cache_hit_tokens,
+                                                             out.num_cached_tokens or 0)
+                    if turn == self._final_turn:
+                        self._accept(list(completion.token_ids))
+                    if completion.finish_reason is not None:
+                        if turn == self._final_turn:
+                            self._end(FINISH_REASONS.get(completion.finish_reason, FinishReason.STOP))
+                            return
+                        turn += 1
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:   # vLLM rejected the input or failed: end the call with its message
+            log.warning("vLLM request %s failed: %s", self.request_id, exc)
+            if incarnation == self._incarnation and not self.finished:
+                self.events.put_nowait(exc)
+
+    # --- events ---------------------------------------------------------------------------------
+    def _accept(self, token_ids: list[int]) -> None:
+        for token in token_ids:
+            if not self.output:
+                self.stats.first_token_time = time.monotonic()
+                self._emit(EventKind.FIRST_TOKEN)
+            self.output.append(token)
+            text = self.decode(self.output)
+            delta = ""
+            if not text.endswith("\ufffd"):
+                delta = text[len(self._text):] if text.startswith(self._text) else text
+                self._text = text
+            self._emit(EventKind.TOKEN, token_id=token, text=delta)
+
+    def _end(self, reason: FinishReason) -> None:
+        self.finished = True
+        self.stats.finish_time = time.monotonic()
+        self.stats.tokens_computed = len(self.prompt.tokens) - self.stats.prefix_cache_hit_tokens + len(self.output)
+        self._emit(EventKind.FINISHED, detail=reason.value)
+        summary = RequestSummary(self.request_id, reason, self.stats, len(self.prompt.tokens), tuple(self.output),
+                                 self.decode(self.output))
+        self.on_end(summary)
+        self.events.put_nowait(summary)
+
+    def _arrived(self, arrived_at: float) -> None:
+        self.stats.last_input_time = arrived_at
+
+    def _emit(self, kind: EventKind, *, count: int = 0, token_id: int | None = None, text: str = "",
+              detail: str = "") -> None:
+        self.events.put_nowait(EngineEvent(self.request_id, kind, time.monotonic(), count, token_id, text, detail))

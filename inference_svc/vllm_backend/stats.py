@@ -1,0 +1,49 @@
+"""`GetStats` on vLLM: KV blocks and queue lengths from vLLM's scheduler stats, token counters
+from its iteration stats, request counters kept by the servicer."""
+
+from __future__ import annotations
+
+from inference_svc.engine_thread import RequestSummary
+from inference_svc.vllm_backend.engine import VllmCounters
+from protos import inference_pb2
+
+
+class StatsSource:
+    def __init__(self, counters: VllmCounters, total_blocks: int, block_size: int, bytes_per_block: int,
+                 model: str, policy: str, token_budget: int) -> None:
+        self.counters = counters
+        self.total_blocks = total_blocks
+        self.block_size = block_size
+        self.bytes_per_block = bytes_per_block
+        self.model = model
+        self.policy = policy
+        self.token_budget = token_budget
+        self.received = self.finished = self.aborted = 0
+
+    def request_received(self) -> None:
+        self.received += 1
+
+    def request_ended(self, summary: RequestSummary) -> None:
+        self.finished += 1
+
+    def request_aborted(self) -> None:
+        self.finished += 1
+        self.aborted += 1
+
+    def snapshot(self) -> inference_pb2.EngineStats:
+        c = self.counters
+        with c.lock:
+            used = round(c.kv_cache_usage * self.total_blocks)
+            return inference_pb2.EngineStats(
+                pools=[inference_pb2.BlockPoolStats(name="device", total_blocks=self.total_blocks,
+                                                    free_blocks=self.total_blocks - used, block_size=self.block_size,
+                                                    bytes_per_block=self.bytes_per_block),
+                       inference_pb2.BlockPoolStats(name="cpu", total_blocks=0, free_blocks=0,
+                                                    block_size=self.block_size, bytes_per_block=self.bytes_per_block)],
+                num_running=c.num_running, num_waiting=c.num_waiting, num_swapped=0, policy=self.policy,
+                token_budget=self.token_budget, model=self.model,
+                counters=inference_pb2.EngineCounters(
+                    requests_received=self.received, requests_finished=self.finished,
+                    requests_aborted=self.aborted, prompt_tokens_computed=c.prompt_tokens_computed,
+                    generated_tokens=c.generated_tokens, preemptions_recompute=c.preemptions,
+                    prefix_cache_hit_tokens=c.prefix_cache_hit_tokens, steps=c.steps))
