@@ -107,7 +107,8 @@ def plan_stack(args: argparse.Namespace, index_dir: Path, redis_port: int) -> li
     model = ["--model", str(args.model)] if args.model else []
     inference = [Service(f"inference-{i}", "inference", f"{HOST}:{port('inference', i)}", [
         *serve, "inference", *grpc_flags("inference", i), "--policy", args.policy, "--dtype", args.dtype,
-        "--device", args.device, *model], ports=[port("inference", i), metrics("inference", i)])
+        "--device", args.device, "--backend", getattr(args, "backend", "native"), *model],
+        ports=[port("inference", i), metrics("inference", i)])
         for i in range(args.replicas)]
     crawler = Service("crawler", "retriever", f"{HOST}:{port('crawler')}", [
         *serve, "retriever", "--kind", "crawler", "--start-url", corpus_url, *grpc_flags("crawler")],
@@ -337,12 +338,15 @@ def clear_state(run_dir: Path, services: list[Service]) -> None:
 
 def add_up_args(parser: argparse.ArgumentParser) -> None:
     """Flags of `streamrag up`."""
-    from inference_svc.server_args import DTYPE_CHOICES, POLICY_CHOICES
+    from inference_svc.server_args import BACKEND_CHOICES, DTYPE_CHOICES, POLICY_CHOICES
 
     parser.add_argument("--replicas", type=int, default=1, help=f"inference replicas, 1 to {MAX_REPLICAS} (default 1)")
     parser.add_argument("--policy", default="fcfs", choices=POLICY_CHOICES, help="scheduling policy (default fcfs)")
     parser.add_argument("--dtype", default="bfloat16", choices=DTYPE_CHOICES, help="inference dtype (default bfloat16)")
     parser.add_argument("--device", default="cpu", help="inference device: cpu or cuda[:N] (default cpu)")
+    parser.add_argument("--backend", default="native", choices=BACKEND_CHOICES,
+                        help="inference engine: native (default) or vllm (run `up` from a Python with the vllm "
+                             "extra, see docs/vllm.md)")
     parser.add_argument("--model", type=Path, default=None,
                         help="Hugging Face model directory (default: the embedded SmolLM2-135M-Instruct)")
     parser.add_argument("--redis", default=None, metavar="URL",
@@ -521,6 +525,7 @@ def run_up(args: argparse.Namespace) -> int:
             (run_dir / "logs").mkdir(exist_ok=True)
             (run_dir / "redis").mkdir(exist_ok=True)
             options = {"replicas": args.replicas, "policy": args.policy, "dtype": args.dtype, "device": args.device,
+                       "backend": args.backend,
                        "latency": args.latency, "port_offset": args.port_offset, "index": str(index_dir),
                        "corpus_root": str(args.corpus_root), "started_unix": int(time.time())}
             print(f"starting the stack (run dir {run_dir})", flush=True)
