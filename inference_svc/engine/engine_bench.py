@@ -1,7 +1,8 @@
-"""`streamrag bench engine`: raw prefill speed against transformers, and scheduler overhead.
+"""`streamrag bench engine`: raw prefill speed against transformers (and vLLM, one-shot, when vllm is
+importable), and scheduler overhead.
 
 Prints tables and writes JSON:
-    {"prefill_tokens_per_s": {"native": {"512": x, ...}, "hf_transformers": {...}},
+    {"prefill_tokens_per_s": {"native": {"512": x, ...}, "hf_transformers": {...}, "vllm": {...}},
      "prefill_chunked_tokens_per_s": {...same, prefill in 512-token chunks...},
      "scheduler_step_us": {"ordering": {"50": {"p50": x, "p99": x}, "500": {...}}, "step": {...}},
      "scheduler_step_us_by_policy": {policy: {...same shape...}}}
@@ -33,6 +34,17 @@ def run_engine_bench(args: argparse.Namespace) -> int:
     lengths = [int(n) for n in args.prompt_lengths.split(",")]
     results = measure_prefill_tokens_per_s(model_dir, prompt_lengths=lengths, dtype=DTYPES[args.dtype],
                                            device=args.device, repeats=args.repeats, progress=_say)
+    from inference_svc.vllm_backend.prefill_bench import vllm_available
+
+    vllm_note = None
+    if vllm_available():   # same prompts, in vLLM (spawns its engine process; the native runner is done)
+        from inference_svc.vllm_backend.prefill_bench import measure_vllm_prefill
+
+        results += measure_vllm_prefill(model_dir, lengths, dtype=args.dtype, device=args.device,
+                                        repeats=args.repeats, progress=_say)
+    else:
+        vllm_note = "vllm not installed: no vLLM column (see docs/vllm.md)"
+        _say(f"skipping vLLM prefill: {vllm_note}")
     names = {"streamrag": "native", "transformers": "hf_transformers"}
     one_shot: dict[str, dict[str, float]] = {}
     chunked: dict[str, dict[str, float]] = {}
@@ -51,11 +63,14 @@ def run_engine_bench(args: argparse.Namespace) -> int:
         "torch_threads": torch.get_num_threads(),
         "prefill_tokens_per_s": one_shot,
         "prefill_chunked_tokens_per_s": chunked,
+        **({"vllm_note": vllm_note} if vllm_note else {}),
         "scheduler_step_us": by_policy["lcas"],
         "scheduler_step_us_by_policy": by_policy,
     }
     print(f"\nPrefill tokens/s ({args.dtype}, {args.device}):")
     print(format_table(results))
+    if vllm_note:
+        print(f"({vllm_note})")
     print("\nScheduler overhead, microseconds (p50 / p99):")
     print(f"{'policy':8s} " + " ".join(f"{k + ' ' + n:>22s}" for k in ("ordering", "step") for n in map(str, SIZES)))
     for policy, kinds in by_policy.items():
