@@ -34,7 +34,7 @@ def run_engine_bench(args: argparse.Namespace) -> int:
     lengths = [int(n) for n in args.prompt_lengths.split(",")]
     results = measure_prefill_tokens_per_s(model_dir, prompt_lengths=lengths, dtype=DTYPES[args.dtype],
                                            device=args.device, repeats=args.repeats, progress=_say)
-    from inference_svc.vllm_backend.prefill_bench import vllm_available
+    from inference_svc.vllm_backend.config import vllm_available
 
     vllm_note = None
     if vllm_available():   # same prompts, in vLLM (spawns its engine process; the native runner is done)

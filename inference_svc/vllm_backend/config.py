@@ -5,6 +5,7 @@ Kept free of vllm imports: `engine_args()` imports vllm when it is called.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,6 +17,11 @@ SCHEDULING_POLICY = {"default": "fcfs", "fcfs": "priority", "lcas": "priority", 
                      "klpm": "priority"}
 DEFAULT_CPU_KV_GIB = 1          # ~46k tokens of SmolLM2-135M KV in bf16; leaves the 24 GiB machine alone
 GIB = 1 << 30
+
+
+def vllm_available() -> bool:
+    """Whether vllm is installed in this Python (without importing it)."""
+    return importlib.util.find_spec("vllm") is not None
 
 
 @dataclass(frozen=True)

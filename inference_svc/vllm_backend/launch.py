@@ -34,7 +34,11 @@ READY = re.compile(r"inference service on ([^\s:]+):(\d+) \(metrics :(\d+|None)\
 
 def build_vllm_service(args: argparse.Namespace, model_dir: Path, config: ServiceConfig):
     """The service for parsed `streamrag serve inference --backend vllm` flags (imports vllm)."""
-    from inference_svc.vllm_backend.config import VllmSpec
+    from inference_svc.vllm_backend.config import VllmSpec, vllm_available
+
+    if not vllm_available():
+        raise SystemExit("error: --backend vllm needs vllm in this Python: see docs/vllm.md "
+                         "(python3.11 -m inference_svc.vllm_backend.install /opt/vllm-venv)")
     from inference_svc.vllm_backend.service import VllmInferenceService
 
     spec = VllmSpec(model_dir=model_dir, device=args.device, dtype=args.dtype, policy=args.policy,

@@ -20,12 +20,6 @@ from inference_svc.engine.prefill_bench import PrefillResult
 from inference_svc.vllm_backend.config import VllmSpec, prepare_environment
 
 
-def vllm_available() -> bool:
-    import importlib.util
-
-    return importlib.util.find_spec("vllm") is not None
-
-
 def same_prompts(vocab: int, prompt_lengths: Sequence[int]) -> tuple[list[int], dict[int, list[int]]]:
     """The warm-up prompt and the measured prompts `measure_prefill_tokens_per_s` draws."""
     gen = torch.Generator().manual_seed(0)
