@@ -44,7 +44,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from load_tests.report import add_speedups, render_report, summarize_run
+from load_tests.plots import write_plots
+from load_tests.report import BASELINE_ONCE_KEYS, PAIR_KEYS, add_speedups, render_report, summarize_run
 from retriever_svc.trace import TraceDocument, TraceQuery, read_trace
 
 ENGINE = "native"
@@ -97,11 +98,18 @@ def final_documents(query: TraceQuery) -> list[TraceDocument]:
 
 
 def scale_query(query: TraceQuery, delay_multiplier: float) -> TraceQuery:
-    if delay_multiplier == 1.0:
+    """Stretch the gaps between a query's chunks by `delay_multiplier` (the first chunk keeps its time).
+
+    Longer gaps keep each streamed prompt resident longer, which is how the paper creates
+    memory pressure (section 6.4); the time before the first chunk holds no KV, so it stays.
+    """
+    if delay_multiplier == 1.0 or not query.chunks:
         return query
     from dataclasses import replace
 
-    return replace(query, chunks=tuple(replace(c, t_s=c.t_s * delay_multiplier) for c in query.chunks))
+    first = query.chunks[0].t_s
+    return replace(query, chunks=tuple(replace(c, t_s=first + (c.t_s - first) * delay_multiplier)
+                                       for c in query.chunks))
 
 
 def poisson_arrivals(n: int, qps: float, seed: int) -> list[float]:
@@ -337,6 +345,11 @@ def _split_list(text: str, allowed: Sequence[str], flag: str) -> list[str]:
     return list(dict.fromkeys(items))
 
 
+def update_workloads(queries: Sequence[TraceQuery]) -> set[str]:
+    """Workloads with at least one `update` chunk (their tokens-invalidated CCDF is plotted)."""
+    return {q.workload for q in queries if any(c.mode == "update" for c in q.chunks)}
+
+
 def workloads_of(queries: Sequence[TraceQuery]) -> dict[str, list[TraceQuery]]:
     out: dict[str, list[TraceQuery]] = {}
     for q in queries:
@@ -346,7 +359,10 @@ def workloads_of(queries: Sequence[TraceQuery]) -> dict[str, list[TraceQuery]]:
 
 async def _bench_on(address: str, workloads: dict[str, list[TraceQuery]], args: argparse.Namespace,
                     session: Callable[[], str], say: Callable[[str], None],
-                    configs: list[dict[str, Any]], requests_out: Any) -> None:
+                    configs: list[dict[str, Any]], rows: list[dict[str, Any]], requests_out: Any,
+                    modes: Sequence[bool] = (True, False)) -> None:
+    """Replay every workload at every QPS on the service at `address`, in each mode of `modes`
+    (True: streaming), appending summary entries to `configs` and request rows to `rows`."""
     import grpc
 
     from protos import inference_pb2, inference_pb2_grpc
@@ -357,7 +373,7 @@ async def _bench_on(address: str, workloads: dict[str, list[TraceQuery]], args: 
         info = (await stub.Describe(inference_pb2.DescribeRequest(), timeout=60)).model_info
         for workload, queries in workloads.items():
             for qps in args.qps:
-                for streaming in (True, False):
+                for streaming in modes:
                     builder = PromptBuilder.from_chat(info.chat_format, session())
                     label = (f"[{workload} {info.policy}/{info.eviction_mode} qps={qps:g} "
                              f"{'streaming' if streaming else 'non-streaming'}]")
@@ -372,8 +388,9 @@ async def _bench_on(address: str, workloads: dict[str, list[TraceQuery]], args: 
                             "delay_multiplier": args.delay_multiplier, "kv_device_blocks": args.kv_device_blocks}
                     records = [r.as_json() for r in run.records]
                     for r in records:
-                        requests_out.write(json.dumps({**{k: meta[k] for k in ("engine", "policy", "eviction", "qps")},
-                                                       **r}) + "\n")
+                        row = {**{k: meta[k] for k in ("engine", "policy", "eviction", "qps")}, **r}
+                        rows.append(row)
+                        requests_out.write(json.dumps(row) + "\n")
                     requests_out.flush()
                     entry = summarize_run(meta, records, run.trace_completion_s)
                     configs.append(entry)
@@ -398,28 +415,37 @@ def run_benchmark(args: argparse.Namespace, say: Callable[[str], None]) -> dict[
         return f"{salt}-{next(counter):04d}"
 
     configs: list[dict[str, Any]] = []
+    rows: list[dict[str, Any]] = []
     args.out.mkdir(parents=True, exist_ok=True)
     with (args.out / "requests.jsonl").open("w", encoding="utf-8") as requests_out:
         if args.address:
-            asyncio.run(_bench_on(args.address, workloads, args, session, say, configs, requests_out))
+            asyncio.run(_bench_on(args.address, workloads, args, session, say, configs, rows, requests_out))
         else:
             policies = _split_list(args.policies, list(POLICIES), "--policies")
             evictions = _split_list(args.eviction, EVICTION_MODES, "--eviction")
-            for policy in policies:
-                for eviction in evictions:
-                    say(f"starting the inference service: policy {policy}, eviction {eviction}")
-                    service = InProcessInference(engine_spec(args, policy, eviction), args.max_streams)
-                    try:
-                        asyncio.run(_bench_on(service.address, workloads, args, session, say, configs,
-                                              requests_out))
-                    finally:
-                        service.stop()
-    add_speedups(configs)
+            pairs = [(policy, eviction) for policy in policies for eviction in evictions]
+            for i, (policy, eviction) in enumerate(pairs):
+                # The non-streaming baseline runs once, in the first configuration: a whole prompt
+                # sent at once leaves nothing for the policy or eviction mode to decide.
+                modes = (True, False) if i == 0 or args.baseline == "each" else (True,)
+                say(f"starting the inference service: policy {policy}, eviction {eviction} "
+                    f"({len(pairs) - i} configuration(s) to go)")
+                service = InProcessInference(engine_spec(args, policy, eviction), args.max_streams)
+                try:
+                    asyncio.run(_bench_on(service.address, workloads, args, session, say, configs, rows,
+                                          requests_out, modes))
+                finally:
+                    service.stop()
+    add_speedups(configs, pair_keys=PAIR_KEYS if args.baseline == "each" else BASELINE_ONCE_KEYS)
+    plots = write_plots(rows, args.out, update_workloads=update_workloads(queries))
+    say("plots: " + ", ".join(p.name for p in plots))
     return {
         "meta": {"trace": str(args.trace), "qps": list(args.qps), "seed": args.seed,
                  "queries": {w: len(qs) for w, qs in workloads.items()}, "output_tokens": args.output_tokens,
                  "delay_multiplier": args.delay_multiplier, "kv_device_blocks": args.kv_device_blocks,
+                 "token_budget": args.token_budget, "baseline": args.baseline,
                  "address": args.address or "in-process", "created_unix": int(time.time())},
+        "plots": [p.name for p in plots],
         "configs": configs,
     }
 
@@ -472,7 +498,10 @@ def add_bench_replay_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--kv-cpu-blocks", type=int, default=2048, help="CPU (swap) KV pool size in blocks")
     parser.add_argument("--token-budget", type=_positive_int, default=2048, help="tokens per engine step")
     parser.add_argument("--delay-multiplier", type=_positive_float, default=1.0,
-                        help="multiply every chunk's t_s (stretches retrieval: memory pressure)")
+                        help="stretch the gaps between a query's chunks (longer residency: memory pressure)")
+    parser.add_argument("--baseline", choices=["once", "each"], default="once",
+                        help="run the non-streaming baseline once per engine (in the first configuration) "
+                             "or in every configuration")
     parser.add_argument("--max-queries", type=_positive_int, default=None, help="first N queries of each workload")
     parser.add_argument("--output-tokens", type=_positive_int, default=1,
                         help="tokens generated per request (1: prefill instance)")

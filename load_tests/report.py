@@ -15,7 +15,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 PERCENTILES = (("p50", 50.0), ("p95", 95.0), ("p99", 99.0))
-PAIR_KEYS = ("engine", "workload", "policy", "eviction", "qps")
+PAIR_KEYS = ("engine", "workload", "policy", "eviction", "qps")     # a baseline per configuration
+BASELINE_ONCE_KEYS = ("engine", "workload", "qps")                   # one baseline per engine and load
 
 
 def percentile(values: Sequence[float], q: float) -> float:
@@ -67,11 +68,14 @@ def _ratio(numerator: float, denominator: float) -> float | None:
     return numerator / denominator
 
 
-def add_speedups(configs: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Set `speedup_vs_nonstreaming` (non-streaming TTFT / this TTFT, per percentile) in place."""
-    baselines = {tuple(c[k] for k in PAIR_KEYS): c for c in configs if not c["streaming"]}
+def add_speedups(configs: list[dict[str, Any]], pair_keys: Sequence[str] = PAIR_KEYS) -> list[dict[str, Any]]:
+    """Set `speedup_vs_nonstreaming` (non-streaming TTFT / this TTFT, per percentile) in place.
+
+    A configuration is paired with the non-streaming entry that agrees on `pair_keys`.
+    """
+    baselines = {tuple(c[k] for k in pair_keys): c for c in configs if not c["streaming"]}
     for config in configs:
-        base = baselines.get(tuple(config[k] for k in PAIR_KEYS))
+        base = baselines.get(tuple(config[k] for k in pair_keys))
         if base is None:
             config["speedup_vs_nonstreaming"] = {name: None for name, _ in PERCENTILES}
             continue
@@ -92,7 +96,8 @@ def _x(value: float | None) -> str:
 
 
 def _label(config: Mapping[str, Any]) -> str:
-    return f"{config['policy']}/{config['eviction']} {'streaming' if config['streaming'] else 'non-streaming'}"
+    name = f"{config['policy']}/{config['eviction']} {'streaming' if config['streaming'] else 'non-streaming'}"
+    return name if config.get("engine", "native") == "native" else f"{config['engine']} {name}"
 
 
 def _table(header: Sequence[str], rows: Iterable[Sequence[str]]) -> list[str]:
@@ -113,8 +118,10 @@ def render_report(summary: Mapping[str, Any]) -> str:
         lines += [f"- {key}: `{value}`" for key, value in meta.items()] + [""]
     lines += ["TTFT is the paper's: first token minus the arrival of the query's last context chunk. "
               "Time from arrival is first token minus the query's (Poisson) arrival. Speedups are "
-              "non-streaming TTFT / streaming TTFT of the same engine, workload, policy, eviction and "
-              "QPS in this run.", ""]
+              "non-streaming TTFT / streaming TTFT of the same engine, workload and QPS in this run "
+              "(and the same policy and eviction when the baseline ran in every configuration). "
+              "Completion is the time from the run's start to its last request's end "
+              "(throughput parity: streaming should match non-streaming).", ""]
     for workload in _ordered(c["workload"] for c in configs):
         group = [c for c in configs if c["workload"] == workload]
         lines += [f"## Workload: {workload}", "", "### All configurations", ""]
@@ -163,4 +170,6 @@ def render_report(summary: Mapping[str, Any]) -> str:
                     row.append(f"{rec + swap} ({rec} / {swap})")
                 rows.append(row)
             lines += [*_table(["policy", *evictions], rows), ""]
+    if summary.get("plots"):
+        lines += ["## Figures", ""] + [f"![{name}]({name})" for name in summary["plots"]] + [""]
     return "\n".join(lines).rstrip() + "\n"

@@ -11,8 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from load_tests.replay import add_bench_replay_args, final_documents, poisson_arrivals, run_bench_replay
-from load_tests.report import add_speedups, percentile, render_report
+from load_tests.plots import ccdf, config_label, write_plots
+from load_tests.replay import add_bench_replay_args, final_documents, poisson_arrivals, run_bench_replay, scale_query
+from load_tests.report import BASELINE_ONCE_KEYS, add_speedups, percentile, render_report
 from retriever_svc.trace import TraceChunk, TraceDocument, TraceHeader, TraceQuery, read_trace, write_trace
 
 SENTENCE = ("generators yield values lazily while a list comprehension builds a whole list at once and "
@@ -114,3 +115,41 @@ def test_tiny_replay(tmp_path: Path, embedded_model_dir: Path, capsys: pytest.Ca
     assert report == render_report(summary)
     for text in ("## Workload: crawler", "## Workload: anns", "Table 3 shape", "Table 4 shape", "fcfs/cost streaming"):
         assert text in report
+    # the paper's figures: CCDF and TTFT-vs-QPS per workload, tokens invalidated for the update workload only
+    assert set(summary["plots"]) == {"ttft_ccdf_crawler.png", "ttft_vs_qps_crawler.png", "ttft_ccdf_anns.png",
+                                     "ttft_vs_qps_anns.png", "invalidated_ccdf_anns.png"}
+    for name in summary["plots"]:
+        assert (out / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and f"![{name}]({name})" in report
+
+
+def test_delay_multiplier_stretches_the_gaps_not_the_first_chunk() -> None:
+    query = TraceQuery("x", "q", "crawler", "synthesized", (
+        TraceChunk(2.0, "append", False, (TraceDocument("d1"),)),
+        TraceChunk(2.5, "append", False, (TraceDocument("d2"),)),
+        TraceChunk(4.0, "append", True, ())))
+    assert [c.t_s for c in scale_query(query, 10.0).chunks] == [2.0, 7.0, 22.0]
+    assert scale_query(query, 1.0) is query
+
+
+def test_one_baseline_pairs_with_every_policy() -> None:
+    def entry(policy: str, streaming: bool, ttft: float) -> dict:
+        return {"engine": "native", "workload": "w", "policy": policy, "eviction": "cost", "qps": 1.0,
+                "streaming": streaming, "ttft_s": {"p50": ttft, "p95": ttft, "p99": ttft}}
+
+    configs = [entry("fcfs", True, 0.5), entry("fcfs", False, 2.0), entry("lcas", True, 0.25)]
+    add_speedups(configs, pair_keys=BASELINE_ONCE_KEYS)
+    assert [c["speedup_vs_nonstreaming"]["p99"] for c in configs] == [pytest.approx(4.0), 1.0, pytest.approx(8.0)]
+    add_speedups(configs)                                    # per configuration: lcas has no baseline
+    assert configs[2]["speedup_vs_nonstreaming"]["p99"] is None
+
+
+def test_plots_draw_ccdfs_from_request_rows(tmp_path: Path) -> None:
+    assert ccdf([3.0, 1.0, 2.0]) == ([1.0, 2.0, 3.0], [1.0, pytest.approx(2 / 3), pytest.approx(1 / 3)])
+    rows = [{"engine": "native", "policy": "fcfs", "eviction": "cost", "qps": qps, "workload": "anns",
+             "streaming": streaming, "ttft_s": 0.1 * (i + 1), "tokens_invalidated": 10 * i, "error": None}
+            for qps in (0.5, 1.0) for streaming in (True, False) for i in range(5)]
+    rows.append({**rows[0], "error": "UNAVAILABLE: gone", "ttft_s": None})     # failed requests are left out
+    written = write_plots(rows, tmp_path, update_workloads={"anns"})
+    assert [p.name for p in written] == ["ttft_ccdf_anns.png", "ttft_vs_qps_anns.png", "invalidated_ccdf_anns.png"]
+    assert config_label(rows[0]) == "fcfs/cost streaming"
+    assert config_label({**rows[0], "engine": "vllm", "streaming": False}, engines=2) == "vllm fcfs/cost non-streaming"

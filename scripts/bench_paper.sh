@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# The Stream2LLM evaluation (paper section 6) re-done on this machine: synthesized crawler and
+# ANNS traces, a load sweep for each (streaming vs non-streaming, same run), and the memory-
+# pressure ablation (every policy x every eviction mode on a small device KV pool).
+#
+#   bash scripts/bench_paper.sh [OUT_DIR] [STEP...]      # steps: traces crawler anns pressure-crawler pressure-anns
+#
+# Scaling (docs/benchmarks.md, "Replay: the paper's evaluation"): tokens x0.05 and time x3 keep the
+# paper's ratios of prefill time to retrieval time and of step time to chunk gap on this CPU and
+# the embedded model; the QPS levels are the paper's divided by 3 (same utilisation); the token
+# budget per step is the paper's 2048-8192 x 0.05, a block multiple. About 60 minutes in all
+# on a 2-core machine. Every step writes summary.json, report.md, requests.jsonl and PNG plots.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+OUT=${1:-out/paper-study}
+shift || true
+STEPS=${*:-traces crawler anns pressure-crawler pressure-anns}
+QUERIES=${QUERIES:-30}
+SR=${SR:-.venv/bin/streamrag}
+COMMON=(--token-budget 256 --dtype bfloat16)
+mkdir -p "$OUT"
+
+for step in $STEPS; do
+  echo "== $step"
+  case $step in
+    traces)
+      $SR trace synth --workload crawler --queries "$QUERIES" --token-scale 0.05 --time-scale 3 --seed 1 \
+        --out "$OUT/crawler.jsonl"
+      $SR trace synth --workload anns --queries "$QUERIES" --token-scale 0.05 --time-scale 3 --seed 1 \
+        --out "$OUT/anns.jsonl" ;;
+    crawler)            # paper QPS 0.5, 1, 2, 4
+      $SR bench replay --trace "$OUT/crawler.jsonl" --qps 0.167 --qps 0.333 --qps 0.667 --qps 1.333 \
+        --policies fcfs --eviction cost "${COMMON[@]}" --out "$OUT/crawler" ;;
+    anns)               # paper QPS 0.5, 1, 2
+      $SR bench replay --trace "$OUT/anns.jsonl" --qps 0.167 --qps 0.333 --qps 0.667 \
+        --policies fcfs --eviction cost "${COMMON[@]}" --out "$OUT/anns" ;;
+    pressure-crawler)   # paper: crawler at QPS 4 under memory pressure
+      $SR bench replay --trace "$OUT/crawler.jsonl" --qps 1.333 --kv-device-blocks "${CRAWLER_BLOCKS:-640}" \
+        --policies default,fcfs,lcas,mcps --eviction recompute,swap,cost "${COMMON[@]}" \
+        --out "$OUT/pressure-crawler" ;;
+    pressure-anns)      # paper: ANNS at QPS 2 under memory pressure
+      $SR bench replay --trace "$OUT/anns.jsonl" --qps 0.667 --kv-device-blocks "${ANNS_BLOCKS:-640}" \
+        --policies default,fcfs,lcas,mcps --eviction recompute,swap,cost "${COMMON[@]}" \
+        --out "$OUT/pressure-anns" ;;
+    *) echo "unknown step: $step" >&2; exit 2 ;;
+  esac
+done
