@@ -1,0 +1,80 @@
+"""Parts of the vLLM backend that need no vllm (run in the default suite): prompt validation with
+the native engine's errors, policy priorities, and that the native path never loads vllm."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from inference_svc.engine.engine import EngineInputError, PromptTooLongError
+from inference_svc.engine.request import Segment
+from inference_svc.vllm_backend.install import project_requirements
+from inference_svc.vllm_backend.policy import priority_for
+from inference_svc.vllm_backend.prompt import PromptLimits, StreamedPrompt
+
+
+class CharTokenizer:
+    def encode(self, text, add_special_tokens=False):
+        return [ord(c) % 100 for c in text]
+
+    def decode(self, ids, skip_special_tokens=True):
+        return "".join(chr(i) for i in ids)
+
+
+def prompt(limit_tokens: int = 20) -> StreamedPrompt:
+    from inference_svc.engine.tokenization import SegmentTokenizer
+
+    return StreamedPrompt(SegmentTokenizer(CharTokenizer()), PromptLimits(100, 1000, limit_tokens + 1))
+
+
+def test_append_update_finish_track_tokens_and_lcp():
+    p = prompt()
+    assert p.open([Segment(text="ab")]) == [97, 98]
+    assert p.append([Segment(text="cd", key="d1")]) == [99, 0]
+    assert p.update([Segment(text="cx")]) == 3          # head "ab" + "c" survive
+    assert p.finish([Segment(text="!")]) == [33]
+    assert p.tokens == [97, 98, 99, 20, 33]
+
+
+@pytest.mark.parametrize(("action", "error", "fragment"), [
+    (lambda p: p.append([Segment(token_ids=(100,))]), EngineInputError, "token ids must be in [0, 100)"),
+    (lambda p: p.append([Segment(text="x" * 30)]), PromptTooLongError, "exceeds the limit of 20"),
+    (lambda p: p.update([Segment(text="x" * 30)]), PromptTooLongError, "exceeds the limit of 20"),
+    (lambda p: p.finish([Segment(token_ids=(-1,))]), EngineInputError, "token ids must be in"),
+])
+def test_bad_input_raises_the_engines_errors_and_changes_nothing(action, error, fragment):
+    p = prompt()
+    p.open([Segment(text="ab")])
+    with pytest.raises(error, match=fragment.replace("[", r"\[").replace("(", r"\(").replace(")", r"\)")):
+        action(p)
+    assert p.tokens == [97, 98]
+
+
+def test_empty_prompt_is_rejected_at_finish():
+    p = prompt()
+    p.open([])
+    with pytest.raises(EngineInputError, match="the prompt is empty"):
+        p.finish([Segment(text="")])
+
+
+def test_priorities():
+    assert priority_for("default", 5, False) == 0
+    assert priority_for("fcfs", 0, True) < priority_for("fcfs", 0, False) < priority_for("fcfs", 1, True)
+    assert priority_for("lcas", 0, False) == priority_for("lcas", 0, True)
+
+
+def test_installer_leaves_transformers_to_vllm():
+    requirements = project_requirements()
+    assert requirements and not any(r.startswith("transformers") for r in requirements)
+    assert any(r.startswith("sentence-transformers") for r in requirements)
+
+
+def test_native_paths_do_not_import_vllm():
+    code = ("import sys; import inference_svc.server, inference_svc.engine.engine_bench, orchestrator.stack, "
+            "inference_svc.vllm_backend.launch; "
+            "loaded = [m for m in sys.modules if m == 'vllm' or m.startswith('vllm.') "
+            "or m in ('inference_svc.vllm_backend.engine', 'inference_svc.vllm_backend.service')]; "
+            "assert not loaded, loaded")
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
