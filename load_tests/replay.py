@@ -2,13 +2,16 @@
 
     streamrag bench replay --trace traces/crawler.jsonl --qps 0.5 --qps 2 \\
         [--policies fcfs,lcas] [--eviction cost,recompute] [--kv-device-blocks N] \\
-        [--delay-multiplier M] [--max-queries N] [--output-tokens 1] [--address HOST:PORT] --out DIR
+        [--delay-multiplier M] [--max-queries N] [--output-tokens 1] [--engine native,vllm] \\
+        [--address HOST:PORT] --out DIR
 
-For each (policy, eviction) configuration an Inference service is started in-process (the
-embedded model unless `--model`; one service per configuration, stopped after it), or the
+For each (policy, eviction) configuration our engine's Inference service is started in-process
+(the embedded model unless `--model`; one service per configuration, stopped after it); with
+`--engine vllm` a `--backend vllm` service runs as a subprocess (vLLM-S and vLLM-NS); or the
 service at `--address` is used as it is (its policy and eviction are read with Describe).
 Each workload of the trace (its records' `workload` label) is replayed on its own, at each
-QPS, twice in the same run:
+QPS, streaming in every configuration and non-streaming once per engine (in its first
+configuration; `--baseline each` runs it in every one):
 
 - streaming: at the query's first chunk a `StreamPrompt` is opened with the head (the
   query), then every chunk is sent at its `t_s` as an `append` (its documents) or an `update`
@@ -24,8 +27,9 @@ the query's arrival. Every run tags its prompts with its own session number righ
 chat prefix, so the prefix cache never carries KV from one run into the next.
 
 Writes `DIR/summary.json` (`configs`: one entry per engine, workload, policy, eviction,
-streaming, QPS), `DIR/requests.jsonl` (every request) and `DIR/report.md`; progress goes to
-stderr. The argparse wiring (`add_bench_replay_args`, `run_bench_replay`) imports nothing heavy.
+streaming, QPS), `DIR/requests.jsonl` (every request), `DIR/report.md` and PNG plots
+(load_tests/plots.py); progress goes to stderr. The argparse wiring (`add_bench_replay_args`,
+`run_bench_replay`) imports nothing heavy.
 """
 
 from __future__ import annotations
@@ -49,6 +53,7 @@ from load_tests.report import BASELINE_ONCE_KEYS, PAIR_KEYS, add_speedups, rende
 from retriever_svc.trace import TraceDocument, TraceQuery, read_trace
 
 ENGINE = "native"
+ENGINES = ("native", "vllm")
 START_DELAY_S = 0.2          # first arrival after the run starts (lets every task get scheduled)
 
 
@@ -335,6 +340,31 @@ def engine_spec(args: argparse.Namespace, policy: str, eviction: str) -> Any:
                       engine=EngineConfig(token_budget=args.token_budget, policy=policy, eviction=eviction))
 
 
+def _bench_vllm(args: argparse.Namespace, policy: str, workloads: dict[str, list[TraceQuery]],
+                session: Callable[[], str], say: Callable[[str], None], configs: list[dict[str, Any]],
+                rows: list[dict[str, Any]], requests_out: Any) -> None:
+    """vLLM-S (its streaming input) and vLLM-NS (Generate) on a `--backend vllm` service subprocess,
+    run by `--vllm-python` (an interpreter with the vllm extra, docs/vllm.md)."""
+    from inference_svc.vllm_backend.launch import start_vllm_service
+
+    extra = ["--token-budget", str(args.token_budget)]
+    if args.kv_device_blocks:
+        extra += ["--kv-device-blocks", str(args.kv_device_blocks)]
+    say(f"starting the vLLM inference service ({args.vllm_python}): policy {policy}")
+    service = start_vllm_service(args.model, max_streams=args.max_streams, policy=policy, dtype=args.dtype,
+                                 device=args.device, extra_args=extra, metrics_port=0, python=args.vllm_python)
+    say(f"vLLM service log: {service.log_path}")
+    try:
+        asyncio.run(_bench_on(service.address, workloads, args, session, say, configs, rows, requests_out))
+    finally:
+        service.stop()
+
+
+def _default_vllm_python() -> str:
+    venv = Path("/opt/vllm-venv/bin/python")
+    return str(venv) if venv.exists() else sys.executable
+
+
 # --- the benchmark ----------------------------------------------------------------------------
 
 def _split_list(text: str, allowed: Sequence[str], flag: str) -> list[str]:
@@ -423,19 +453,23 @@ def run_benchmark(args: argparse.Namespace, say: Callable[[str], None]) -> dict[
         else:
             policies = _split_list(args.policies, list(POLICIES), "--policies")
             evictions = _split_list(args.eviction, EVICTION_MODES, "--eviction")
-            pairs = [(policy, eviction) for policy in policies for eviction in evictions]
-            for i, (policy, eviction) in enumerate(pairs):
-                # The non-streaming baseline runs once, in the first configuration: a whole prompt
-                # sent at once leaves nothing for the policy or eviction mode to decide.
-                modes = (True, False) if i == 0 or args.baseline == "each" else (True,)
-                say(f"starting the inference service: policy {policy}, eviction {eviction} "
-                    f"({len(pairs) - i} configuration(s) to go)")
-                service = InProcessInference(engine_spec(args, policy, eviction), args.max_streams)
-                try:
-                    asyncio.run(_bench_on(service.address, workloads, args, session, say, configs, rows,
-                                          requests_out, modes))
-                finally:
-                    service.stop()
+            for engine in _split_list(args.engine, ENGINES, "--engine"):
+                if engine == "vllm":
+                    _bench_vllm(args, policies[0], workloads, session, say, configs, rows, requests_out)
+                    continue
+                pairs = [(policy, eviction) for policy in policies for eviction in evictions]
+                for i, (policy, eviction) in enumerate(pairs):
+                    # The non-streaming baseline runs once, in the first configuration: a whole prompt
+                    # sent at once leaves nothing for the policy or eviction mode to decide.
+                    modes = (True, False) if i == 0 or args.baseline == "each" else (True,)
+                    say(f"starting the inference service: policy {policy}, eviction {eviction} "
+                        f"({len(pairs) - i} configuration(s) to go)")
+                    service = InProcessInference(engine_spec(args, policy, eviction), args.max_streams)
+                    try:
+                        asyncio.run(_bench_on(service.address, workloads, args, session, say, configs, rows,
+                                              requests_out, modes))
+                    finally:
+                        service.stop()
     add_speedups(configs, pair_keys=PAIR_KEYS if args.baseline == "each" else BASELINE_ONCE_KEYS)
     plots = write_plots(rows, args.out, update_workloads=update_workloads(queries))
     say("plots: " + ", ".join(p.name for p in plots))
@@ -443,7 +477,7 @@ def run_benchmark(args: argparse.Namespace, say: Callable[[str], None]) -> dict[
         "meta": {"trace": str(args.trace), "qps": list(args.qps), "seed": args.seed,
                  "queries": {w: len(qs) for w, qs in workloads.items()}, "output_tokens": args.output_tokens,
                  "delay_multiplier": args.delay_multiplier, "kv_device_blocks": args.kv_device_blocks,
-                 "token_budget": args.token_budget, "baseline": args.baseline,
+                 "token_budget": args.token_budget, "baseline": args.baseline, "engines": args.engine,
                  "address": args.address or "in-process", "created_unix": int(time.time())},
         "plots": [p.name for p in plots],
         "configs": configs,
@@ -491,6 +525,11 @@ def add_bench_replay_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--trace", type=Path, required=True, help="trace file (docs/trace-format.md)")
     parser.add_argument("--qps", type=_positive_float, action="append", required=True,
                         help="query arrival rate (Poisson); repeat for several loads")
+    parser.add_argument("--engine", default="native",
+                        help="comma-separated engines: native (ours, every policy x eviction) and/or vllm "
+                             "(vLLM-S and vLLM-NS on a --backend vllm service; docs/vllm.md)")
+    parser.add_argument("--vllm-python", default=_default_vllm_python(),
+                        help="interpreter with the vllm extra for --engine vllm (default: /opt/vllm-venv if present)")
     parser.add_argument("--policies", default="fcfs", help="comma-separated scheduling policies (default: fcfs)")
     parser.add_argument("--eviction", default="cost", help="comma-separated eviction modes (default: cost)")
     parser.add_argument("--kv-device-blocks", type=_positive_int, default=None,

@@ -100,6 +100,14 @@ def _label(config: Mapping[str, Any]) -> str:
     return name if config.get("engine", "native") == "native" else f"{config['engine']} {name}"
 
 
+def _row(config: Mapping[str, Any]) -> str:
+    """A configuration's row in the Table 3/4 shapes: our policies by name, vLLM as vLLM-S / vLLM-NS
+    (the paper's names), non-streaming baselines with the configuration they ran in."""
+    if config["engine"] != "native":
+        return f"{config['engine']}-{'S' if config['streaming'] else 'NS'} ({config['policy']})"
+    return config["policy"] if config["streaming"] else f"non-streaming ({config['policy']}/{config['eviction']})"
+
+
 def _table(header: Sequence[str], rows: Iterable[Sequence[str]]) -> list[str]:
     lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
     lines += ["| " + " | ".join(row) + " |" for row in rows]
@@ -136,10 +144,10 @@ def render_report(summary: Mapping[str, Any]) -> str:
               f"{c['preemptions']['recompute']}/{c['preemptions']['swap']}", str(c["tokens_invalidated_total"]),
               _s(c["trace_completion_s"], 2)] for c in group))
         lines.append("")
-        policies = _ordered(c["policy"] for c in group)
+        policies = _ordered(_row(c) for c in group if c["streaming"])
         evictions = _ordered(c["eviction"] for c in group)
         for qps in _ordered(c["qps"] for c in group):
-            at = {(c["policy"], c["eviction"], c["streaming"]): c for c in group if c["qps"] == qps}
+            at = {(_row(c), c["eviction"], c["streaming"]): c for c in group if c["qps"] == qps}
             lines += [f"### Table 3 shape: streaming speedup vs non-streaming, QPS {qps:g} "
                       "(cell: speedup P50 / P99 (streaming TTFT P50 / P99 in s))", ""]
             rows = []
@@ -152,7 +160,7 @@ def render_report(summary: Mapping[str, Any]) -> str:
                                f"({_s(c['ttft_s']['p50'])} / {_s(c['ttft_s']['p99'])})")
                 rows.append(row)
             baseline = [c for c in group if c["qps"] == qps and not c["streaming"]]
-            rows += [[f"non-streaming ({c['policy']}/{c['eviction']})"] +
+            rows += [[_row(c)] +
                      [f"1.00x / 1.00x ({_s(c['ttft_s']['p50'])} / {_s(c['ttft_s']['p99'])})"
                       if e == c["eviction"] else "" for e in evictions] for c in baseline]
             lines += [*_table(["policy", *evictions], rows), ""]
@@ -170,6 +178,25 @@ def render_report(summary: Mapping[str, Any]) -> str:
                     row.append(f"{rec + swap} ({rec} / {swap})")
                 rows.append(row)
             lines += [*_table(["policy", *evictions], rows), ""]
+    lines += _vllm_comparison(configs)
     if summary.get("plots"):
         lines += ["## Figures", ""] + [f"![{name}]({name})" for name in summary["plots"]] + [""]
     return "\n".join(lines).rstrip() + "\n"
+
+
+def _vllm_comparison(configs: Sequence[Mapping[str, Any]]) -> list[str]:
+    """Our streaming configurations against vLLM-S (vLLM's own streaming input), same workload and QPS:
+    vLLM-S TTFT / ours, per percentile (above 1: ours is faster)."""
+    vllm_s = {(c["workload"], c["qps"]): c for c in configs if c["engine"] == "vllm" and c["streaming"]}
+    ours = [c for c in configs if c["engine"] == "native" and c["streaming"] and (c["workload"], c["qps"]) in vllm_s]
+    if not ours:
+        return []
+    lines = ["## Ours against vLLM-S (vLLM's streaming input)", "",
+             "Cell: vLLM-S TTFT / our TTFT (above 1: ours is faster), same workload and QPS in this run.", ""]
+    rows = []
+    for c in ours:
+        peer = vllm_s[(c["workload"], c["qps"])]
+        rows.append([c["workload"], f"{c['qps']:g}", _label(c),
+                     *(_x(_ratio(peer["ttft_s"][p], c["ttft_s"][p])) for p, _ in PERCENTILES),
+                     f"{_s(peer['ttft_s']['p50'])} / {_s(peer['ttft_s']['p95'])}"])
+    return [*lines, *_table(["workload", "QPS", "ours", "p50", "p95", "p99", "vLLM-S p50 / p95 (s)"], rows), ""]
