@@ -7,7 +7,7 @@ a random 1-3 s between asks. Every Ask is reported to locust as these request en
 
     Ask stream TTFT                       client-side: from the call to the first answer token
     Ask stream TTFT after retrieval       server-side: from the end of retrieval to the first token
-                                          (the paper's TTFT; AskDone.ttft_from_retrieval_end_s)
+                                          (the paper's TTFT; AskDone.ttft_from_retrieval_end_s, floored at 0)
     Ask stream total                      client-side: from the call to the final `done` event
     Ask no-stream TTFT / ... / total      the same for the non-streaming baseline (`no_stream`)
 
