@@ -35,12 +35,13 @@ for step in $STEPS; do
     anns)               # paper QPS 0.5, 1, 2
       $SR bench replay --trace "$OUT/anns.jsonl" --qps 0.167 --qps 0.333 --qps 0.667 \
         --policies fcfs --eviction cost "${COMMON[@]}" --out "$OUT/anns" ;;
-    pressure-crawler)   # paper: crawler at QPS 4 under memory pressure
-      $SR bench replay --trace "$OUT/crawler.jsonl" --qps 1.333 --kv-device-blocks "${CRAWLER_BLOCKS:-640}" \
+    pressure-crawler)   # paper: crawler at QPS 4 under memory pressure (here: a pool below the resident peak)
+      $SR bench replay --trace "$OUT/crawler.jsonl" --qps 1.333 --kv-device-blocks "${CRAWLER_BLOCKS:-256}" \
         --policies default,fcfs,lcas,mcps --eviction recompute,swap,cost "${COMMON[@]}" \
         --out "$OUT/pressure-crawler" ;;
-    pressure-anns)      # paper: ANNS at QPS 2 under memory pressure
-      $SR bench replay --trace "$OUT/anns.jsonl" --qps 0.667 --kv-device-blocks "${ANNS_BLOCKS:-640}" \
+    pressure-anns)      # paper: ANNS at QPS 2, gaps x30 under memory pressure (here: gaps x10 and a small pool)
+      $SR bench replay --trace "$OUT/anns.jsonl" --qps 0.667 --kv-device-blocks "${ANNS_BLOCKS:-160}" \
+        --delay-multiplier "${ANNS_DELAY:-10}" \
         --policies default,fcfs,lcas,mcps --eviction recompute,swap,cost "${COMMON[@]}" \
         --out "$OUT/pressure-anns" ;;
     *) echo "unknown step: $step" >&2; exit 2 ;;
