@@ -361,8 +361,9 @@ def _bench_vllm(args: argparse.Namespace, policy: str, workloads: dict[str, list
 
 
 def _default_vllm_python() -> str:
+    """$STREAMRAG_VLLM_PYTHON, else the venv docs/vllm.md installs, else this interpreter."""
     venv = Path("/opt/vllm-venv/bin/python")
-    return str(venv) if venv.exists() else sys.executable
+    return os.environ.get("STREAMRAG_VLLM_PYTHON") or (str(venv) if venv.exists() else sys.executable)
 
 
 # --- the benchmark ----------------------------------------------------------------------------
@@ -529,7 +530,8 @@ def add_bench_replay_args(parser: argparse.ArgumentParser) -> None:
                         help="comma-separated engines: native (ours, every policy x eviction) and/or vllm "
                              "(vLLM-S and vLLM-NS on a --backend vllm service; docs/vllm.md)")
     parser.add_argument("--vllm-python", default=_default_vllm_python(),
-                        help="interpreter with the vllm extra for --engine vllm (default: /opt/vllm-venv if present)")
+                        help="interpreter with the vllm extra for --engine vllm "
+                             "(default: $STREAMRAG_VLLM_PYTHON, else /opt/vllm-venv if present)")
     parser.add_argument("--policies", default="fcfs", help="comma-separated scheduling policies (default: fcfs)")
     parser.add_argument("--eviction", default="cost", help="comma-separated eviction modes (default: cost)")
     parser.add_argument("--kv-device-blocks", type=_positive_int, default=None,
