@@ -3,7 +3,9 @@
 # ANNS traces, a load sweep for each (streaming vs non-streaming, same run), and the memory-
 # pressure ablation (every policy x every eviction mode on a small device KV pool).
 #
-#   bash scripts/bench_paper.sh [OUT_DIR] [STEP...]      # steps: traces crawler anns pressure-crawler pressure-anns
+#   bash scripts/bench_paper.sh [OUT_DIR] [STEP...]
+#   steps: traces crawler crawler-high anns pressure-crawler pressure-anns anns-t10 peer
+#   (default: all but anns-t10, a sensitivity check, and peer, which needs vLLM: docs/vllm.md)
 #
 # Scaling (docs/benchmarks.md, "Replay: the paper's evaluation"): tokens x0.05 and time x3 keep the
 # paper's ratios of prefill time to retrieval time and of step time to chunk gap on this CPU and
@@ -15,7 +17,7 @@ cd "$(dirname "$0")/.."
 
 OUT=${1:-out/paper-study}
 shift || true
-STEPS=${*:-traces crawler anns pressure-crawler pressure-anns}
+STEPS=${*:-traces crawler crawler-high anns pressure-crawler pressure-anns}
 QUERIES=${QUERIES:-30}
 SR=${SR:-.venv/bin/streamrag}
 COMMON=(--token-budget 256 --dtype bfloat16)
@@ -28,10 +30,24 @@ for step in $STEPS; do
       $SR trace synth --workload crawler --queries "$QUERIES" --token-scale 0.05 --time-scale 3 --seed 1 \
         --out "$OUT/crawler.jsonl"
       $SR trace synth --workload anns --queries "$QUERIES" --token-scale 0.05 --time-scale 3 --seed 1 \
-        --out "$OUT/anns.jsonl" ;;
+        --out "$OUT/anns.jsonl"
+      # 120 queries: at high load the arrivals must outlast a query's 30 s retrieval (steady state)
+      $SR trace synth --workload crawler --queries 120 --token-scale 0.05 --time-scale 3 --seed 2 \
+        --out "$OUT/crawler-120.jsonl" ;;
     crawler)            # paper QPS 0.5, 1, 2, 4
       $SR bench replay --trace "$OUT/crawler.jsonl" --qps 0.167 --qps 0.333 --qps 0.667 --qps 1.333 \
         --policies fcfs --eviction cost "${COMMON[@]}" --out "$OUT/crawler" ;;
+    crawler-high)       # paper QPS 4 and 5, in steady state
+      $SR bench replay --trace "$OUT/crawler-120.jsonl" --qps 1.333 --qps 1.667 \
+        --policies fcfs --eviction cost "${COMMON[@]}" --out "$OUT/crawler-high" ;;
+    anns-t10)           # sensitivity: ANNS with time x10 (windows 3.3x longer against a step), paper QPS 2
+      $SR trace synth --workload anns --queries "$QUERIES" --token-scale 0.05 --time-scale 10 --seed 1 \
+        --out "$OUT/anns-t10.jsonl"
+      $SR bench replay --trace "$OUT/anns-t10.jsonl" --qps 0.2 \
+        --policies fcfs --eviction cost "${COMMON[@]}" --out "$OUT/anns-t10" ;;
+    peer)               # ours against vLLM-S and vLLM-NS, crawler at high load
+      $SR bench replay --trace "$OUT/crawler-120.jsonl" --qps 1.333 --engine native,vllm \
+        --policies fcfs --eviction cost "${COMMON[@]}" --out "$OUT/peer" ;;
     anns)               # paper QPS 0.5, 1, 2
       $SR bench replay --trace "$OUT/anns.jsonl" --qps 0.167 --qps 0.333 --qps 0.667 \
         --policies fcfs --eviction cost "${COMMON[@]}" --out "$OUT/anns" ;;
