@@ -456,7 +456,7 @@ def run_benchmark(args: argparse.Namespace, say: Callable[[str], None]) -> dict[
             evictions = _split_list(args.eviction, EVICTION_MODES, "--eviction")
             for engine in _split_list(args.engine, ENGINES, "--engine"):
                 if engine == "vllm":
-                    _bench_vllm(args, policies[0], workloads, session, say, configs, rows, requests_out)
+                    _bench_vllm(args, args.vllm_policy, workloads, session, say, configs, rows, requests_out)
                     continue
                 pairs = [(policy, eviction) for policy in policies for eviction in evictions]
                 for i, (policy, eviction) in enumerate(pairs):
@@ -532,6 +532,9 @@ def add_bench_replay_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--vllm-python", default=_default_vllm_python(),
                         help="interpreter with the vllm extra for --engine vllm "
                              "(default: $STREAMRAG_VLLM_PYTHON, else /opt/vllm-venv if present)")
+    parser.add_argument("--vllm-policy", default="default", choices=["default", "fcfs"],
+                        help="the vLLM service's policy: default = vLLM's own FIFO scheduler (the paper's "
+                             "vLLM-S), fcfs = vLLM's priority scheduler with complete prompts first")
     parser.add_argument("--policies", default="fcfs", help="comma-separated scheduling policies (default: fcfs)")
     parser.add_argument("--eviction", default="cost", help="comma-separated eviction modes (default: cost)")
     parser.add_argument("--kv-device-blocks", type=_positive_int, default=None,
