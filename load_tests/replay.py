@@ -567,7 +567,7 @@ def _say_stderr(line: str) -> None:
 def run_bench_replay(args: argparse.Namespace) -> int:
     try:
         summary = _finite(run_benchmark(args, _say_stderr))
-    except (ValueError, OSError) as exc:
+    except (ValueError, OSError, RuntimeError) as exc:       # RuntimeError: a vLLM service that did not start
         print(f"error: {exc}", file=sys.stderr)
         return 1
     write_outputs(summary, args.out)
