@@ -153,3 +153,16 @@ def test_plots_draw_ccdfs_from_request_rows(tmp_path: Path) -> None:
     assert [p.name for p in written] == ["ttft_ccdf_anns.png", "ttft_vs_qps_anns.png", "invalidated_ccdf_anns.png"]
     assert config_label(rows[0]) == "fcfs/cost streaming"
     assert config_label({**rows[0], "engine": "vllm", "streaming": False}, engines=2) == "vllm fcfs/cost non-streaming"
+
+
+def test_vllm_engine_without_vllm_is_a_clear_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`--engine vllm` with an interpreter that lacks vllm: exit 1 and a message, no traceback."""
+    import sys
+
+    parser = argparse.ArgumentParser()
+    add_bench_replay_args(parser)
+    args = parser.parse_args(["--trace", str(tiny_trace(tmp_path / "tiny.jsonl")), "--qps", "1", "--engine", "vllm",
+                              "--vllm-python", sys.executable, "--out", str(tmp_path / "out")])
+    assert run_bench_replay(args) == 1
+    err = capsys.readouterr().err
+    assert "error: the vLLM inference service did not start" in err and "needs vllm" in err
