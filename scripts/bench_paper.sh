@@ -10,7 +10,7 @@
 # Scaling (docs/benchmarks.md, "Replay: the paper's evaluation"): tokens x0.05 and time x3 keep the
 # paper's ratios of prefill time to retrieval time and of step time to chunk gap on this CPU and
 # the embedded model; the QPS levels are the paper's divided by 3 (same utilisation); the token
-# budget per step is the paper's 2048-8192 x 0.05, a block multiple. About 60 minutes in all
+# budget per step is the paper's 2048-8192 x 0.05, a block multiple. About 85 minutes in all
 # on a 2-core machine. Every step writes summary.json, report.md, requests.jsonl and PNG plots.
 set -euo pipefail
 cd "$(dirname "$0")/.."
