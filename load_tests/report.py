@@ -11,7 +11,7 @@ columns eviction modes). Standard library only.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 PERCENTILES = (("p50", 50.0), ("p95", 95.0), ("p99", 99.0))
@@ -108,6 +108,19 @@ def _row(config: Mapping[str, Any]) -> str:
     return config["policy"] if config["streaming"] else f"non-streaming ({config['policy']}/{config['eviction']})"
 
 
+def _grid(policies: Sequence[str], evictions: Sequence[str], at: Mapping[tuple, Mapping[str, Any]],
+          cell: Callable[[Mapping[str, Any]], str]) -> list[list[str]]:
+    """The Table 3/4 shape: a row per policy, a column per eviction mode, `cell` of each streaming
+    configuration (`—` where none ran)."""
+    return [[policy, *("—" if (c := at.get((policy, eviction, True))) is None else cell(c) for eviction in evictions)]
+            for policy in policies]
+
+
+def _preemptions_cell(config: Mapping[str, Any]) -> str:
+    rec, swap = config["preemptions"]["recompute"], config["preemptions"]["swap"]
+    return f"{rec + swap} ({rec} / {swap})"
+
+
 def _table(header: Sequence[str], rows: Iterable[Sequence[str]]) -> list[str]:
     lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
     lines += ["| " + " | ".join(row) + " |" for row in rows]
@@ -150,15 +163,9 @@ def render_report(summary: Mapping[str, Any]) -> str:
             at = {(_row(c), c["eviction"], c["streaming"]): c for c in group if c["qps"] == qps}
             lines += [f"### Table 3 shape: streaming speedup vs non-streaming, QPS {qps:g} "
                       "(cell: speedup P50 / P99 (streaming TTFT P50 / P99 in s))", ""]
-            rows = []
-            for policy in policies:
-                row = [policy]
-                for eviction in evictions:
-                    c = at.get((policy, eviction, True))
-                    row.append("—" if c is None else
-                               f"{_x(c['speedup_vs_nonstreaming']['p50'])} / {_x(c['speedup_vs_nonstreaming']['p99'])} "
-                               f"({_s(c['ttft_s']['p50'])} / {_s(c['ttft_s']['p99'])})")
-                rows.append(row)
+            rows = _grid(policies, evictions, at, lambda c: (
+                f"{_x(c['speedup_vs_nonstreaming']['p50'])} / {_x(c['speedup_vs_nonstreaming']['p99'])} "
+                f"({_s(c['ttft_s']['p50'])} / {_s(c['ttft_s']['p99'])})"))
             baseline = [c for c in group if c["qps"] == qps and not c["streaming"]]
             rows += [[_row(c)] +
                      [f"1.00x / 1.00x ({_s(c['ttft_s']['p50'])} / {_s(c['ttft_s']['p99'])})"
@@ -166,17 +173,7 @@ def render_report(summary: Mapping[str, Any]) -> str:
             lines += [*_table(["policy", *evictions], rows), ""]
             lines += [f"### Table 4 shape: preemptions (streaming), QPS {qps:g} "
                       "(cell: total (recompute / swap))", ""]
-            rows = []
-            for policy in policies:
-                row = [policy]
-                for eviction in evictions:
-                    c = at.get((policy, eviction, True))
-                    if c is None:
-                        row.append("—")
-                        continue
-                    rec, swap = c["preemptions"]["recompute"], c["preemptions"]["swap"]
-                    row.append(f"{rec + swap} ({rec} / {swap})")
-                rows.append(row)
+            rows = _grid(policies, evictions, at, _preemptions_cell)
             lines += [*_table(["policy", *evictions], rows), ""]
     lines += _vllm_comparison(configs)
     if summary.get("plots"):
