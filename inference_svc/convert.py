@@ -1,13 +1,16 @@
 """Translate between `streamrag.v1` messages and the engine's plain Python objects.
 
 Validation of caller-supplied values lives here: anything malformed raises `BadRequest`
-(the servicer answers INVALID_ARGUMENT), so the engine only ever sees well-formed input.
+(the servicer answers INVALID_ARGUMENT), a message past the size limits raises the engine's
+`PromptTooLongError` (RESOURCE_EXHAUSTED, like a prompt longer than the context), so the
+engine only ever sees well-formed input. The limits are documented in protos/inference.proto.
 """
 
 from __future__ import annotations
 
 import math
 
+from inference_svc.engine.engine import PromptTooLongError
 from inference_svc.engine.events import EngineEvent, EventKind
 from inference_svc.engine.request import FinishReason, Segment
 from inference_svc.engine.sampler import SamplingParams
@@ -24,21 +27,32 @@ class BadRequest(ValueError):
     pass
 
 
+def _stability(segment) -> float | None:
+    if not segment.HasField("stability"):
+        return None
+    if not 0.0 <= segment.stability <= 1.0:       # NaN fails both comparisons too
+        raise BadRequest(f"a segment's stability must be in [0, 1], got {segment.stability}")
+    return segment.stability
+
+
 def segments_from_proto(segments) -> list[Segment]:
     if len(segments) > MAX_SEGMENTS_PER_MESSAGE:
-        raise BadRequest(f"at most {MAX_SEGMENTS_PER_MESSAGE} segments per message, got {len(segments)}")
+        raise PromptTooLongError(f"prompt too long: {len(segments)} segments in one message; "
+                                 f"the limit is {MAX_SEGMENTS_PER_MESSAGE} per message")
     out = []
     for i, seg in enumerate(segments):
         kind = seg.WhichOneof("content")
         key = seg.key or None
         if kind == "text":
             if len(seg.text) > MAX_SEGMENT_CHARS:
-                raise BadRequest(f"segment {i} is {len(seg.text)} characters; the limit is {MAX_SEGMENT_CHARS}")
-            out.append(Segment(text=seg.text, key=key))
+                raise PromptTooLongError(f"prompt too long: segment {i} has {len(seg.text)} characters; "
+                                         f"the limit is {MAX_SEGMENT_CHARS} per segment")
+            out.append(Segment(text=seg.text, key=key, stability=_stability(seg)))
         elif kind == "token_ids":
             if len(seg.token_ids.ids) > MAX_SEGMENT_CHARS:
-                raise BadRequest(f"segment {i} has too many token ids")
-            out.append(Segment(token_ids=tuple(seg.token_ids.ids), key=key))
+                raise PromptTooLongError(f"prompt too long: segment {i} has {len(seg.token_ids.ids)} token ids; "
+                                         f"the limit is {MAX_SEGMENT_CHARS} per segment")
+            out.append(Segment(token_ids=tuple(seg.token_ids.ids), key=key, stability=_stability(seg)))
         else:
             raise BadRequest(f"segment {i} has neither text nor token_ids")
     return out
@@ -48,8 +62,6 @@ def sampling_from_proto(params: common_pb2.SamplingParams, has_field: bool) -> S
     """Proto zero values mean 'server default' (top_p 0 -> 1.0, max_tokens 0 -> 256)."""
     if not has_field:
         return SamplingParams(max_tokens=DEFAULT_MAX_TOKENS)
-    if params.stop:
-        raise BadRequest("stop strings are not supported by this backend; use stop_token_ids")
     if not math.isfinite(params.temperature) or not math.isfinite(params.top_p):
         raise BadRequest("temperature and top_p must be finite numbers")
     sampling = SamplingParams(
@@ -60,6 +72,7 @@ def sampling_from_proto(params: common_pb2.SamplingParams, has_field: bool) -> S
         seed=params.seed if params.HasField("seed") else None,
         stop_token_ids=tuple(params.stop_token_ids),
         ignore_eos=params.ignore_eos,
+        stop=tuple(params.stop),
     )
     try:
         return sampling.validate()
@@ -101,7 +114,8 @@ def event_to_proto(event: EngineEvent, token_index: int, clock_offset_s: float) 
         detail=event.detail, count=event.count))
 
 
-def done_to_proto(summary: RequestSummary) -> inference_pb2.InferenceEvent:
+def done_to_proto(summary: RequestSummary, text: str) -> inference_pb2.InferenceEvent:
+    """`text`: the output text (the servicer passes what it streamed, so the two always agree)."""
     s = summary.stats
     end = s.finish_time if s.finish_time is not None else s.last_input_time
     stats = common_pb2.RequestStats(
@@ -117,7 +131,9 @@ def done_to_proto(summary: RequestSummary) -> inference_pb2.InferenceEvent:
         preemptions_recompute=s.preemptions_recompute,
         generated_tokens=len(summary.output_token_ids),
         prefix_cache_hit_tokens=s.prefix_cache_hit_tokens,
+        num_appends=s.num_appends,
+        num_updates=s.num_updates,
     )
     return inference_pb2.InferenceEvent(done=inference_pb2.InferenceDone(
-        finish_reason=FINISH_REASONS[summary.finish_reason], stats=stats, text=summary.text,
+        finish_reason=FINISH_REASONS[summary.finish_reason], stats=stats, text=text,
         request_id=summary.request_id))

@@ -295,3 +295,9 @@ def prepare_embedded_model(cache_dir: Path | None = None, *, progress: bool = Tr
         raise
     step.finish(target)
     return target
+
+
+if __name__ == "__main__":   # `python -m inference_svc.embedded_model [--quiet]` = `streamrag model prepare`
+    import sys
+
+    print(prepare_embedded_model(progress="--quiet" not in sys.argv[1:]))

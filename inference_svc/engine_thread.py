@@ -36,7 +36,7 @@ class RequestSummary:
     stats: RequestStats
     prompt_tokens: int
     output_token_ids: tuple[int, ...]
-    text: str
+    text: str          # the answer, cut before a stop string (Request.output_text)
 
 
 # Called on the engine thread: (step seconds, or None for events raised by commands; events).
@@ -144,7 +144,7 @@ class EngineThread:
                 if request is not None:
                     self._deliver(event.request_id, RequestSummary(
                         request.request_id, request.finish_reason, request.stats, request.num_prompt_tokens,
-                        tuple(request.output_token_ids), self.engine.tokenizer.decode(request.output_token_ids)))
+                        tuple(request.output_token_ids), request.output_text))
 
     def _deliver(self, request_id: str, item: Any) -> None:
         with self._lock:

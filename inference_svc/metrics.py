@@ -48,7 +48,7 @@ class InferenceMetrics:
                 counts[request.state.value] += 1
         for state, n in counts.items():
             self.requests.labels(state).set(n)
-        for pool in (engine.kv.device, engine.kv.cpu):
+        for pool in engine.scheduler.pools():
             self.kv_blocks.labels(pool.name, "total").set(pool.num_blocks)
             self.kv_blocks.labels(pool.name, "free").set(pool.num_free)
         self.prefix_hits.set(engine.counters.prefix_cache_hit_tokens)

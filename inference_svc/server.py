@@ -10,6 +10,7 @@ from pathlib import Path
 from inference_svc.chat_format import chat_format
 from inference_svc.engine.engine import EngineConfig
 from inference_svc.engine.factory import EngineSpec, build_engine
+from inference_svc.engine.options import DEFAULT_BLOCK_SIZE
 from inference_svc.engine_thread import EngineThread
 from inference_svc.metrics import InferenceMetrics
 from inference_svc.servicer import InferenceServicer
@@ -26,8 +27,10 @@ def engine_spec_from_args(args: argparse.Namespace) -> EngineSpec:
     return EngineSpec(
         model_dir=model_dir, device=args.device, dtype=args.dtype, kv_device_blocks=args.kv_device_blocks,
         kv_device_bytes=args.kv_device_bytes, kv_cpu_blocks=args.kv_cpu_blocks,
-        engine=EngineConfig(block_size=args.block_size or 16, token_budget=args.token_budget,
-                            max_running=args.max_running, policy=args.policy, eviction=args.eviction))
+        engine=EngineConfig(block_size=args.block_size or DEFAULT_BLOCK_SIZE, token_budget=args.token_budget,
+                            max_running=args.max_running, policy=args.policy, eviction=args.eviction,
+                            speculative_share=args.speculative_share,
+                            speculative_reserve_share=args.speculative_reserve_share))
 
 
 def checked_model_dir(args: argparse.Namespace) -> Path:
@@ -98,3 +101,12 @@ async def serve(args: argparse.Namespace) -> None:
 def main(args: argparse.Namespace) -> int:
     asyncio.run(serve(args))
     return 0
+
+
+if __name__ == "__main__":
+    import sys
+
+    from inference_svc.server_args import add_inference_args
+    from servicekit.config import run_command
+
+    sys.exit(run_command("python -m inference_svc.server", add_inference_args, main))

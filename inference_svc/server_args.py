@@ -1,7 +1,7 @@
 """Flags of `streamrag serve inference` (kept free of heavy imports so `--help` is instant).
 
-The choice lists mirror the engine's registries; tests/service/test_inference_cli.py
-checks that they agree.
+Choice lists and defaults come from `inference_svc.engine.options`, the one place they are
+written; the engine's dataclasses take theirs from there too.
 """
 
 from __future__ import annotations
@@ -9,12 +9,27 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from inference_svc.engine.options import (
+    BACKEND_CHOICES,
+    DEFAULT_BACKEND,
+    DEFAULT_DEVICE,
+    DEFAULT_DTYPE,
+    DEFAULT_EVICTION,
+    DEFAULT_KV_CPU_BLOCKS,
+    DEFAULT_MAX_RUNNING,
+    DEFAULT_MAX_STREAMS,
+    DEFAULT_POLICY,
+    DEFAULT_SPECULATIVE_RESERVE_SHARE,
+    DEFAULT_SPECULATIVE_SHARE,
+    DEFAULT_TOKEN_BUDGET,
+    DTYPE_CHOICES,
+    EVICTION_CHOICES,
+    POLICY_CHOICES,
+    speculative_share_arg,
+)
 from servicekit.config import add_service_args, env_default
 
-DTYPE_CHOICES = ["bfloat16", "float32", "float16"]
-POLICY_CHOICES = ["default", "fcfs", "lcas", "mcps", "klpm"]
-EVICTION_CHOICES = ["recompute", "swap", "cost"]
-BACKEND_CHOICES = ["native", "vllm"]
+__all__ = ["BACKEND_CHOICES", "DTYPE_CHOICES", "EVICTION_CHOICES", "POLICY_CHOICES", "add_inference_args"]
 
 
 def add_inference_args(parser: argparse.ArgumentParser) -> None:
@@ -22,20 +37,33 @@ def add_inference_args(parser: argparse.ArgumentParser) -> None:
     env = lambda key, default: env_default("inference", key, default)  # noqa: E731
     parser.add_argument("--model", type=Path, default=env("model", None),
                         help="Hugging Face model directory (default: the embedded SmolLM2-135M-Instruct)")
-    parser.add_argument("--device", default=env("device", "cpu"), help="cpu or cuda[:N]")
-    parser.add_argument("--dtype", default=env("dtype", "bfloat16"), choices=DTYPE_CHOICES)
-    parser.add_argument("--policy", default=env("policy", "fcfs"), choices=POLICY_CHOICES)
-    parser.add_argument("--eviction", default=env("eviction", "cost"), choices=EVICTION_CHOICES)
+    parser.add_argument("--device", default=env("device", DEFAULT_DEVICE), help="cpu or cuda[:N]")
+    parser.add_argument("--dtype", default=env("dtype", DEFAULT_DTYPE), choices=DTYPE_CHOICES)
+    parser.add_argument("--policy", default=env("policy", DEFAULT_POLICY), choices=POLICY_CHOICES)
+    parser.add_argument("--eviction", default=env("eviction", DEFAULT_EVICTION), choices=EVICTION_CHOICES)
     pool = parser.add_mutually_exclusive_group()
     pool.add_argument("--kv-device-blocks", type=int, default=None, help="device KV pool size in blocks")
     pool.add_argument("--kv-device-bytes", type=int, default=None, help="device KV pool size in bytes")
-    parser.add_argument("--kv-cpu-blocks", type=int, default=env("kv_cpu_blocks", 2048))
+    parser.add_argument("--kv-cpu-blocks", type=int, default=env("kv_cpu_blocks", DEFAULT_KV_CPU_BLOCKS))
     parser.add_argument("--block-size", type=int, default=env("block_size", None),
                         help="tokens per KV block (default 16; vllm: its platform default, 128 on CPU)")
-    parser.add_argument("--token-budget", type=int, default=env("token_budget", 2048))
-    parser.add_argument("--max-running", type=int, default=env("max_running", 256))
-    parser.add_argument("--max-streams", type=int, default=env("max_streams", 256),
+    parser.add_argument("--token-budget", type=int, default=env("token_budget", DEFAULT_TOKEN_BUDGET))
+    parser.add_argument("--max-running", type=int, default=env("max_running", DEFAULT_MAX_RUNNING))
+    add_speculative_args(parser, env)
+    parser.add_argument("--max-streams", type=int, default=env("max_streams", DEFAULT_MAX_STREAMS),
                         help="open StreamPrompt/Generate calls allowed at once")
-    parser.add_argument("--backend", default=env("backend", "native"), choices=BACKEND_CHOICES,
+    parser.add_argument("--backend", default=env("backend", DEFAULT_BACKEND), choices=BACKEND_CHOICES,
                         help="native (default) or vllm (needs the vllm extra, see docs/vllm.md)")
     parser.add_argument("--log-level", default=env("log_level", "INFO"))
+
+
+def add_speculative_args(parser: argparse.ArgumentParser, env=lambda key, default: default) -> None:
+    """How much prefill of prompts still receiving context a step may hold (the scheduler's two tiers)."""
+    parser.add_argument("--speculative-share", type=speculative_share_arg,
+                        default=env("speculative_share", str(DEFAULT_SPECULATIVE_SHARE)),
+                        help=f"most of the token budget prompts still receiving context may use per step "
+                             f"(default {DEFAULT_SPECULATIVE_SHARE}); off: no tiers, the policy's order alone")
+    parser.add_argument("--speculative-reserve-share", type=float,
+                        default=env("speculative_reserve_share", DEFAULT_SPECULATIVE_RESERVE_SHARE),
+                        help=f"share of the token budget those prompts keep while complete ones saturate it "
+                             f"(default {DEFAULT_SPECULATIVE_RESERVE_SHARE})")

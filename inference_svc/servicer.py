@@ -1,9 +1,22 @@
-"""The `Inference` gRPC servicer: a thin translation layer over the engine thread.
+"""The `Inference` gRPC servicer: one implementation of the RPCs over a small backend hook.
 
-Each StreamPrompt call reads client messages in a background task (open → append/update →
-finish) while the handler streams the request's events back. Any protocol violation ends
-the call with a status code and aborts the request in the engine, so its blocks are freed
-at the next step; so does the client cancelling or its deadline passing.
+`StreamServicerBase` implements StreamPrompt, Generate, Describe and GetStats once for every
+backend: stream slots, request ids, validation of messages, the protocol (open → append/update
+→ finish), the event pump and error statuses. A backend implements the hook:
+
+- `_open(request_id, segments, sampling, priority, arrived, complete)`: start a request and
+  return the queue its events arrive on (`complete`: the segments are the whole prompt, as in
+  Generate: open and finish at once). Raising the engine's input errors refuses it.
+- `_send(request_id, kind, segments, arrived, events)`: apply an `append`, `update` or
+  `finish` without waiting for the engine; a refusal raises here or reaches `events` as a
+  `StreamError`.
+- `_close(request_id)`: the call is over (any reason): abort the request if it still runs.
+- `_engine_stats()`: the snapshot GetStats reports.
+
+Each StreamPrompt call reads client messages in a background task while the handler streams
+the request's events back. Any protocol violation ends the call with a status code and the
+request is aborted, so its blocks are freed; so does the client cancelling or its deadline
+passing.
 """
 
 from __future__ import annotations
@@ -15,6 +28,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from functools import partial
 
 import grpc
 
@@ -30,16 +44,18 @@ from inference_svc.engine.engine import DuplicateRequestError, Engine, EngineInp
 from inference_svc.engine.events import EngineEvent, EventKind
 from inference_svc.engine.policies import POLICIES
 from inference_svc.engine.request import Segment
+from inference_svc.engine.sampler import SamplingParams
 from inference_svc.engine_thread import EngineThread, RequestSummary
 from inference_svc.metrics import InferenceMetrics
 from protos import inference_pb2, inference_pb2_grpc
+from servicekit.server import UndecodableRequest
 
 log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
 class StreamError:
-    """Raised inside the reader task; ends the call with this status."""
+    """Put on a request's event queue; ends the call with this status."""
 
     code: grpc.StatusCode
     message: str
@@ -50,7 +66,7 @@ def status_for(exc: Exception) -> StreamError:
         return StreamError(grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc))
     if isinstance(exc, DuplicateRequestError):
         return StreamError(grpc.StatusCode.ALREADY_EXISTS, str(exc))
-    if isinstance(exc, BadRequest | EngineInputError):
+    if isinstance(exc, BadRequest | EngineInputError | UndecodableRequest):
         return StreamError(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
     return StreamError(grpc.StatusCode.INTERNAL, f"internal error: {exc}")
 
@@ -69,8 +85,7 @@ def next_stream_message(message: inference_pb2.StreamPromptRequest, finished: bo
 
 
 class StreamServicerBase(inference_pb2_grpc.InferenceServicer):
-    """What every backend's servicer shares: stream slots, request ids, validation of messages,
-    the event pump and error statuses. Subclasses implement the RPCs and `_release`."""
+    """The RPCs, written once; subclasses implement the backend hook below."""
 
     def __init__(self, model_info: inference_pb2.ModelInfo, metrics: InferenceMetrics,
                  max_streams: int = 256) -> None:
@@ -81,11 +96,120 @@ class StreamServicerBase(inference_pb2_grpc.InferenceServicer):
         self._open_streams = 0
         self._clock_offset_s = time.time() - time.monotonic()
 
+    # --- the backend hook -------------------------------------------------------------
+    async def _open(self, request_id: str, segments: list[Segment], sampling: SamplingParams, priority: int,
+                    arrived: float, complete: bool) -> asyncio.Queue:
+        raise NotImplementedError
+
+    def _send(self, request_id: str, kind: str, segments: list[Segment], arrived: float,
+              events: asyncio.Queue, final_stage: bool = True) -> None:
+        """`final_stage` (updates only): no further refinement follows (PromptReplace.final_stage)."""
+        raise NotImplementedError
+
+    def _close(self, request_id: str) -> None:
+        raise NotImplementedError
+
+    def _engine_stats(self) -> inference_pb2.EngineStats:
+        raise NotImplementedError
+
+    # --- RPCs -----------------------------------------------------------------------
+    async def StreamPrompt(self, request_iterator, context) -> AsyncIterator[inference_pb2.StreamPromptResponse]:
+        async with self._stream_slot(context):
+            first = await self._first_message(request_iterator, context)
+            arrived = time.monotonic()   # the engine's clock: input waits for a running step count
+            async with contextlib.aclosing(self._serve(first.update.open, arrived, context, request_iterator)) as run:
+                async for event in run:
+                    yield inference_pb2.StreamPromptResponse(event=event)
+
+    async def Generate(self, request, context) -> AsyncIterator[inference_pb2.GenerateResponse]:
+        arrived = time.monotonic()
+        async with self._stream_slot(context), contextlib.aclosing(self._serve(request, arrived, context)) as run:
+            async for event in run:
+                yield inference_pb2.GenerateResponse(event=event)
+
     async def Describe(self, request, context) -> inference_pb2.DescribeResponse:
         return inference_pb2.DescribeResponse(model_info=self.model_info)
 
+    async def GetStats(self, request, context) -> inference_pb2.GetStatsResponse:
+        """A snapshot published by the backend: never waits for a running engine step."""
+        stats = inference_pb2.EngineStats()
+        stats.CopyFrom(self._engine_stats())
+        stats.max_concurrent_streams = self.max_streams
+        stats.num_active = len(self._active)
+        return inference_pb2.GetStatsResponse(stats=stats)
+
+    # --- one request ------------------------------------------------------------------
+    async def _serve(self, opening, arrived: float, context,
+                     request_iterator=None) -> AsyncIterator[inference_pb2.InferenceEvent]:
+        """Run one request to its end. `opening`: a PromptOpen or a GenerateRequest (the same
+        field names); with `request_iterator` the rest of the stream follows, without it the
+        segments are the whole prompt."""
+        request_id = await self._admit(opening.request_id, context)
+        try:
+            segments = await self._parse(context, segments_from_proto, opening.segments)
+            sampling = await self._parse(context, sampling_from_proto, opening.sampling, opening.HasField("sampling"))
+            self._note_policy_hint(request_id, opening.policy_hint)
+            complete = request_iterator is None
+            try:
+                events = await self._open(request_id, segments, sampling, opening.priority, arrived, complete)
+            except Exception as exc:
+                await self._abort_with(context, status_for(exc))
+            reader = None if complete else asyncio.create_task(self._read_rest(request_iterator, request_id, events))
+            try:
+                async for event in self._pump(events, context):
+                    yield event
+            finally:
+                if reader is not None:
+                    reader.cancel()
+        finally:
+            self._release(request_id)
+
+    async def _read_rest(self, request_iterator, request_id: str, events: asyncio.Queue) -> None:
+        """Apply append/update/finish as they arrive; a violation ends the call via the queue.
+
+        Backends apply commands without waiting for the engine, so messages that arrive while a
+        step runs (the last update and the finish, typically) are applied together; an
+        engine-side rejection still ends the call with its status.
+        """
+        finished = False
+        try:
+            async for message in request_iterator:
+                arrived = time.monotonic()
+                kind, segments = next_stream_message(message, finished)
+                final_stage = kind != "update" or message.update.update.final_stage
+                self._send(request_id, kind, segments, arrived, events, final_stage)
+                finished = kind == "finish"
+            if not finished:
+                raise BadRequest("the client closed its stream before finish")
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            events.put_nowait(status_for(exc))
+
+    async def _pump(self, events: asyncio.Queue, context) -> AsyncIterator[inference_pb2.InferenceEvent]:
+        """The request's events as messages. `done` carries the text the token events carried, so
+        the two never disagree."""
+        token_index = 0
+        text: list[str] = []
+        while True:
+            item = await events.get()
+            if isinstance(item, RequestSummary):
+                self._observe_ttft(item)
+                yield done_to_proto(item, "".join(text))
+                return
+            if isinstance(item, StreamError):
+                await self._abort_with(context, item)
+            if isinstance(item, BaseException):
+                await self._abort(context, grpc.StatusCode.INTERNAL, f"engine error: {item}")
+            if isinstance(item, EngineEvent):
+                yield event_to_proto(item, token_index, self._clock_offset_s)
+                if item.kind is EventKind.TOKEN:
+                    token_index += 1
+                    text.append(item.text)
+
     def _release(self, request_id: str) -> None:
-        raise NotImplementedError
+        self._active.discard(request_id)
+        self._close(request_id)
 
     # --- stream plumbing --------------------------------------------------------------
     @contextlib.asynccontextmanager
@@ -108,6 +232,8 @@ class StreamServicerBase(inference_pb2_grpc.InferenceServicer):
             first = await anext(aiter(request_iterator))
         except StopAsyncIteration:
             await self._abort(context, grpc.StatusCode.INVALID_ARGUMENT, "empty stream: the first message must be open")
+        except UndecodableRequest as exc:
+            await self._abort(context, grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         if first.update.WhichOneof("kind") != "open":
             await self._abort(context, grpc.StatusCode.INVALID_ARGUMENT,
                               f"the first message must be open, got {first.update.WhichOneof('kind') or 'nothing'}")
@@ -127,37 +253,23 @@ class StreamServicerBase(inference_pb2_grpc.InferenceServicer):
     async def _parse(self, context, fn, *args):
         try:
             return fn(*args)
-        except BadRequest as exc:
-            await self._abort(context, grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        except (BadRequest, EngineInputError) as exc:
+            await self._abort_with(context, status_for(exc))
 
-    async def _check_policy_hint(self, hint: str, context) -> None:
-        """The policy is engine-wide; a hint must at least name a real policy."""
+    @staticmethod
+    def _note_policy_hint(request_id: str, hint: str) -> None:
+        """The hint is advisory and the policy engine-wide: an unknown one is only logged."""
         if hint and hint not in POLICIES:
-            await self._abort(context, grpc.StatusCode.INVALID_ARGUMENT,
-                              f"unknown policy hint {hint!r}; choose one of {', '.join(POLICIES)}")
-
-    async def _pump(self, request_id: str, events: asyncio.Queue,
-                    context) -> AsyncIterator[inference_pb2.InferenceEvent]:
-        token_index = 0
-        while True:
-            item = await events.get()
-            if isinstance(item, RequestSummary):
-                self._observe_ttft(item)
-                yield done_to_proto(item)
-                return
-            if isinstance(item, StreamError):
-                await self._abort(context, item.code, item.message)
-            if isinstance(item, BaseException):
-                await self._abort(context, grpc.StatusCode.INTERNAL, f"engine error: {item}")
-            if isinstance(item, EngineEvent):
-                yield event_to_proto(item, token_index, self._clock_offset_s)
-                if item.kind is EventKind.TOKEN:
-                    token_index += 1
+            log.warning("request %s: ignoring unknown policy hint %r (policies: %s)", request_id, hint,
+                        ", ".join(POLICIES))
 
     def _observe_ttft(self, summary: RequestSummary) -> None:
         if summary.stats.first_token_time is not None:
             self.metrics.ttft.labels("open").observe(summary.stats.ttft_from_open_s)
             self.metrics.ttft.labels("last_chunk").observe(summary.stats.ttft_from_last_input_s)
+
+    async def _abort_with(self, context, error: StreamError):
+        await self._abort(context, error.code, error.message)
 
     async def _abort(self, context, code: grpc.StatusCode, message: str):
         self.metrics.rpc_errors.labels(code.name).inc()
@@ -173,105 +285,43 @@ class InferenceServicer(StreamServicerBase):
         self.engine_thread = engine_thread
         self._stats = inference_pb2.EngineStats()
 
-    # --- RPCs -----------------------------------------------------------------------
-    async def StreamPrompt(self, request_iterator, context) -> AsyncIterator[inference_pb2.StreamPromptResponse]:
-        async with self._stream_slot(context):
-            first = await self._first_message(request_iterator, context)
-            arrived = time.monotonic()   # the engine's clock: input waits for a running step count
-            opening = first.update.open
-            request_id = await self._admit(opening.request_id, context)
-            try:
-                segments = await self._parse(context, segments_from_proto, opening.segments)
-                sampling = await self._parse(context, sampling_from_proto, opening.sampling,
-                                             opening.HasField("sampling"))
-                await self._check_policy_hint(opening.policy_hint, context)
-                events = self.engine_thread.subscribe(request_id)
-                await self._engine_call(context, lambda e: e.open(request_id, segments, sampling, opening.priority,
-                                                                  arrived_at=arrived))
-                reader = asyncio.create_task(self._read_rest(request_iterator, request_id, events))
+    # --- the backend hook -------------------------------------------------------------
+    async def _open(self, request_id: str, segments: list[Segment], sampling: SamplingParams, priority: int,
+                    arrived: float, complete: bool) -> asyncio.Queue:
+        events = self.engine_thread.subscribe(request_id)
+
+        def start(engine: Engine) -> None:
+            engine.open(request_id, segments, sampling, priority, arrived_at=arrived)
+            if complete:   # in the same command: no step sees the prompt as partial
                 try:
-                    async for event in self._pump(request_id, events, context):
-                        yield inference_pb2.StreamPromptResponse(event=event)
-                finally:
-                    reader.cancel()
-            finally:
-                self._release(request_id)
+                    engine.finish(request_id, arrived_at=arrived)
+                except Exception:
+                    engine.abort(request_id)
+                    engine.release(request_id)
+                    raise
 
-    async def Generate(self, request, context) -> AsyncIterator[inference_pb2.GenerateResponse]:
-        arrived = time.monotonic()
-        async with self._stream_slot(context):
-            request_id = await self._admit(request.request_id, context)
-            try:
-                segments = await self._parse(context, segments_from_proto, request.segments)
-                sampling = await self._parse(context, sampling_from_proto, request.sampling,
-                                             request.HasField("sampling"))
-                await self._check_policy_hint(request.policy_hint, context)
-                events = self.engine_thread.subscribe(request_id)
+        await self.engine_thread.call(start)
+        return events
 
-                def start(engine: Engine) -> None:
-                    engine.open(request_id, segments, sampling, request.priority, arrived_at=arrived)
-                    try:
-                        engine.finish(request_id, arrived_at=arrived)
-                    except Exception:
-                        engine.abort(request_id)
-                        engine.release(request_id)
-                        raise
-
-                await self._engine_call(context, start)
-                async for event in self._pump(request_id, events, context):
-                    yield inference_pb2.GenerateResponse(event=event)
-            finally:
-                self._release(request_id)
-
-    async def GetStats(self, request, context) -> inference_pb2.GetStatsResponse:
-        """The snapshot published after the engine's last step: never waits for a running step."""
-        stats = inference_pb2.EngineStats()
-        stats.CopyFrom(self._stats)
-        stats.max_concurrent_streams = self.max_streams
-        stats.num_active = len(self._active)
-        return inference_pb2.GetStatsResponse(stats=stats)
-
-    def _release(self, request_id: str) -> None:
-        """The call is over: abort the request if it is still in the engine (frees its blocks)."""
-        self._active.discard(request_id)
-        self.engine_thread.unsubscribe(request_id)
-        self.engine_thread.abort_soon(request_id)
-
-    async def _engine_call(self, context, fn) -> None:
-        try:
-            await self.engine_thread.call(fn)
-        except Exception as exc:
-            error = status_for(exc)
-            await self._abort(context, error.code, error.message)
-
-    async def _read_rest(self, request_iterator, request_id: str, events: asyncio.Queue) -> None:
-        """Apply append/update/finish as they arrive; a violation ends the call via the queue.
-
-        Commands are queued without waiting for the engine, so messages that arrive while a
-        step runs (the last update and the finish, typically) are applied together; an
-        engine-side rejection still ends the call with its status.
-        """
-        finished = False
+    def _send(self, request_id: str, kind: str, segments: list[Segment], arrived: float,
+              events: asyncio.Queue, final_stage: bool = True) -> None:
+        action = {"append": Engine.append, "update": partial(Engine.update, final=final_stage),
+                  "finish": Engine.finish}[kind]
 
         def report(future: asyncio.Future) -> None:
             if not future.cancelled() and future.exception() is not None:
                 events.put_nowait(status_for(future.exception()))
 
-        try:
-            async for message in request_iterator:
-                arrived = time.monotonic()
-                kind, segments = next_stream_message(message, finished)
-                action = {"append": Engine.append, "update": Engine.update, "finish": Engine.finish}[kind]
-                self.engine_thread.submit(
-                    lambda e, act=action, s=segments, t=arrived: act(e, request_id, s, arrived_at=t)
-                ).add_done_callback(report)
-                finished = kind == "finish"
-            if not finished:
-                raise BadRequest("the client closed its stream before finish")
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:
-            events.put_nowait(status_for(exc))
+        command = self.engine_thread.submit(lambda e: action(e, request_id, segments, arrived_at=arrived))
+        command.add_done_callback(report)
+
+    def _close(self, request_id: str) -> None:
+        """Abort the request if it is still in the engine (frees its blocks at the next step)."""
+        self.engine_thread.unsubscribe(request_id)
+        self.engine_thread.abort_soon(request_id)
+
+    def _engine_stats(self) -> inference_pb2.EngineStats:
+        return self._stats
 
     # --- stats ----------------------------------------------------------------------
     def publish_stats(self, engine: Engine) -> None:
@@ -283,9 +333,9 @@ class InferenceServicer(StreamServicerBase):
         c = engine.counters
         return inference_pb2.EngineStats(
             pools=[inference_pb2.BlockPoolStats(name=pool.name, total_blocks=pool.num_blocks,
-                                                free_blocks=pool.num_free, block_size=engine.kv.block_size,
+                                                free_blocks=pool.num_free, block_size=engine.scheduler.block_size,
                                                 bytes_per_block=getattr(engine.runner, "bytes_per_block", 0))
-                   for pool in (engine.kv.device, engine.kv.cpu)],
+                   for pool in engine.scheduler.pools()],
             num_running=states.count("running"), num_waiting=states.count("waiting"),
             num_swapped=states.count("swapped"), policy=engine.policy.name,
             token_budget=engine.config.token_budget, model=self.model_info.model,

@@ -20,7 +20,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from load_tests.report import percentile
+from servicekit.stats import percentile
 
 Record = Mapping[str, Any]
 

@@ -48,8 +48,22 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from inference_svc.engine.options import (
+    DEFAULT_DEVICE,
+    DEFAULT_DTYPE,
+    DEFAULT_EVICTION,
+    DEFAULT_KV_CPU_BLOCKS,
+    DEFAULT_MAX_STREAMS,
+    DEFAULT_POLICY,
+    DEFAULT_TOKEN_BUDGET,
+    DTYPE_CHOICES,
+    EVICTION_CHOICES,
+    POLICY_CHOICES,
+)
+from inference_svc.server_args import add_speculative_args
 from load_tests.plots import write_plots
 from load_tests.report import BASELINE_ONCE_KEYS, PAIR_KEYS, add_speedups, render_report, summarize_run
+from retriever_svc.stability import stability_hints
 from retriever_svc.trace import TraceDocument, TraceQuery, read_trace
 
 ENGINE = "native"
@@ -72,10 +86,12 @@ class PromptBuilder:
     user_suffix: str = ""
     assistant_prefix: str = ""
     session: str = ""
+    stability_hints: bool = True        # updates carry the retriever's hints (retriever_svc.stability)
 
     @classmethod
-    def from_chat(cls, chat: Any, session: str) -> PromptBuilder:
-        return cls(chat.prompt_prefix, chat.user_prefix, chat.user_suffix, chat.assistant_prefix, session)
+    def from_chat(cls, chat: Any, session: str, stability_hints: bool = True) -> PromptBuilder:
+        return cls(chat.prompt_prefix, chat.user_prefix, chat.user_suffix, chat.assistant_prefix, session,
+                   stability_hints)
 
     def head(self, query: str) -> list[Any]:
         from protos import common_pb2
@@ -100,6 +116,22 @@ def final_documents(query: TraceQuery) -> list[TraceDocument]:
     for chunk in query.chunks:
         docs = list(chunk.documents) if chunk.mode == "update" else docs + list(chunk.documents)
     return docs
+
+
+def stable_query(query: TraceQuery) -> TraceQuery:
+    """The query with each update's documents in the orchestrator's order (`stable_order`):
+    survivors stay where they were, new documents follow. Both paths replay this same query."""
+    from dataclasses import replace
+
+    from orchestrator.documents import stable_order
+
+    chunks, previous = [], []
+    for chunk in query.chunks:
+        if chunk.mode == "update":
+            chunk = replace(chunk, documents=tuple(stable_order([d.id for d in previous], chunk.documents)))
+            previous = list(chunk.documents)
+        chunks.append(chunk)
+    return replace(query, chunks=tuple(chunks))
 
 
 def scale_query(query: TraceQuery, delay_multiplier: float) -> TraceQuery:
@@ -215,11 +247,19 @@ async def _streaming_request(stub: Any, query: TraceQuery, record: RequestRecord
     try:
         await call.write(message(open=inference_pb2.PromptOpen(
             request_id=request_id, sampling=_sampling(output_tokens), segments=builder.head(query.query))))
+        previous_update: list[str] | None = None
         for chunk in query.chunks:
             await clock.until(record.arrival_s + chunk.t_s, record)
             segments = [builder.document(d) for d in chunk.documents]
             if chunk.mode == "update":
-                await call.write(message(update=inference_pb2.PromptReplace(segments=segments)))
+                if builder.stability_hints:     # what the ANNS retriever sends with this refinement
+                    ids = [d.id for d in chunk.documents]
+                    for segment, hint in zip(segments, stability_hints(previous_update, ids, chunk.final), strict=True):
+                        if hint is not None:
+                            segment.stability = hint
+                    previous_update = ids
+                final = chunk.final or not builder.stability_hints
+                await call.write(message(update=inference_pb2.PromptReplace(segments=segments, final_stage=final)))
             elif segments:                      # an empty append is only an end marker
                 await call.write(message(append=inference_pb2.PromptAppend(segments=segments)))
         await call.write(message(finish=inference_pb2.PromptFinish(segments=builder.suffix())))
@@ -337,7 +377,9 @@ def engine_spec(args: argparse.Namespace, policy: str, eviction: str) -> Any:
         model_dir = prepare_embedded_model(progress=False)
     return EngineSpec(model_dir=Path(model_dir), device=args.device, dtype=args.dtype,
                       kv_device_blocks=args.kv_device_blocks, kv_cpu_blocks=args.kv_cpu_blocks,
-                      engine=EngineConfig(token_budget=args.token_budget, policy=policy, eviction=eviction))
+                      engine=EngineConfig(token_budget=args.token_budget, policy=policy, eviction=eviction,
+                                          speculative_share=args.speculative_share,
+                                          speculative_reserve_share=args.speculative_reserve_share))
 
 
 def _bench_vllm(args: argparse.Namespace, policy: str, workloads: dict[str, list[TraceQuery]],
@@ -405,7 +447,7 @@ async def _bench_on(address: str, workloads: dict[str, list[TraceQuery]], args: 
         for workload, queries in workloads.items():
             for qps in args.qps:
                 for streaming in modes:
-                    builder = PromptBuilder.from_chat(info.chat_format, session())
+                    builder = PromptBuilder.from_chat(info.chat_format, session(), args.stability_hints == "on")
                     label = (f"[{workload} {info.policy}/{info.eviction_mode} qps={qps:g} "
                              f"{'streaming' if streaming else 'non-streaming'}]")
                     say(f"{label} replaying {len(queries)} queries")
@@ -431,11 +473,11 @@ async def _bench_on(address: str, workloads: dict[str, list[TraceQuery]], args: 
 
 
 def run_benchmark(args: argparse.Namespace, say: Callable[[str], None]) -> dict[str, Any]:
-    from inference_svc.engine.policies import POLICIES
-    from inference_svc.engine.scheduler import EVICTION_MODES
 
     trace = read_trace(args.trace)
     queries = [scale_query(q, args.delay_multiplier) for q in trace.queries]
+    if args.doc_order == "stable":
+        queries = [stable_query(q) for q in queries]
     workloads = workloads_of(queries)
     if args.max_queries:
         workloads = {w: qs[:args.max_queries] for w, qs in workloads.items()}
@@ -452,8 +494,8 @@ def run_benchmark(args: argparse.Namespace, say: Callable[[str], None]) -> dict[
         if args.address:
             asyncio.run(_bench_on(args.address, workloads, args, session, say, configs, rows, requests_out))
         else:
-            policies = _split_list(args.policies, list(POLICIES), "--policies")
-            evictions = _split_list(args.eviction, EVICTION_MODES, "--eviction")
+            policies = _split_list(args.policies, POLICY_CHOICES, "--policies")
+            evictions = _split_list(args.eviction, EVICTION_CHOICES, "--eviction")
             for engine in _split_list(args.engine, ENGINES, "--engine"):
                 if engine == "vllm":
                     _bench_vllm(args, args.vllm_policy, workloads, session, say, configs, rows, requests_out)
@@ -535,12 +577,23 @@ def add_bench_replay_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--vllm-policy", default="default", choices=["default", "fcfs"],
                         help="the vLLM service's policy: default = vLLM's own FIFO scheduler (the paper's "
                              "vLLM-S), fcfs = vLLM's priority scheduler with complete prompts first")
-    parser.add_argument("--policies", default="fcfs", help="comma-separated scheduling policies (default: fcfs)")
-    parser.add_argument("--eviction", default="cost", help="comma-separated eviction modes (default: cost)")
+    parser.add_argument("--policies", default=DEFAULT_POLICY,
+                        help=f"comma-separated scheduling policies (default: {DEFAULT_POLICY})")
+    parser.add_argument("--eviction", default=DEFAULT_EVICTION,
+                        help=f"comma-separated eviction modes (default: {DEFAULT_EVICTION})")
     parser.add_argument("--kv-device-blocks", type=_positive_int, default=None,
                         help="device KV pool size in blocks (small: memory pressure)")
-    parser.add_argument("--kv-cpu-blocks", type=int, default=2048, help="CPU (swap) KV pool size in blocks")
-    parser.add_argument("--token-budget", type=_positive_int, default=2048, help="tokens per engine step")
+    parser.add_argument("--kv-cpu-blocks", type=int, default=DEFAULT_KV_CPU_BLOCKS,
+                        help="CPU (swap) KV pool size in blocks")
+    parser.add_argument("--token-budget", type=_positive_int, default=DEFAULT_TOKEN_BUDGET,
+                        help="tokens per engine step")
+    add_speculative_args(parser)
+    parser.add_argument("--stability-hints", choices=["on", "off"], default="on",
+                        help="update-mode chunks carry the ANNS retriever's stability hints (on) or are all "
+                             "treated as final (off: every update prefilled in full at once)")
+    parser.add_argument("--doc-order", choices=["stable", "ranked"], default="stable",
+                        help="update-mode document order: stable (the orchestrator's: survivors stay in place, "
+                             "new documents follow) or ranked (each update in the retriever's rank order)")
     parser.add_argument("--delay-multiplier", type=_positive_float, default=1.0,
                         help="stretch the gaps between a query's chunks (longer residency: memory pressure)")
     parser.add_argument("--baseline", choices=["once", "each"], default="once",
@@ -553,9 +606,10 @@ def add_bench_replay_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--address", default=None,
                         help="use the Inference service here instead of starting one per configuration")
     parser.add_argument("--model", type=Path, default=None, help="model directory (default: the embedded model)")
-    parser.add_argument("--device", default="cpu", help="cpu or cuda[:N]")
-    parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32", "float16"])
-    parser.add_argument("--max-streams", type=_positive_int, default=256, help="the service's concurrent streams")
+    parser.add_argument("--device", default=DEFAULT_DEVICE, help="cpu or cuda[:N]")
+    parser.add_argument("--dtype", default=DEFAULT_DTYPE, choices=DTYPE_CHOICES)
+    parser.add_argument("--max-streams", type=_positive_int, default=DEFAULT_MAX_STREAMS,
+                        help="the service's concurrent streams")
     parser.add_argument("--request-timeout", type=_positive_float, default=600.0, help="deadline per request (s)")
     parser.add_argument("--out", type=Path, required=True, help="output directory")
 

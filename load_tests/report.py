@@ -14,20 +14,11 @@ import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
+from servicekit.stats import percentile
+
 PERCENTILES = (("p50", 50.0), ("p95", 95.0), ("p99", 99.0))
 PAIR_KEYS = ("engine", "workload", "policy", "eviction", "qps")     # a baseline per configuration
 BASELINE_ONCE_KEYS = ("engine", "workload", "qps")                   # one baseline per engine and load
-
-
-def percentile(values: Sequence[float], q: float) -> float:
-    """Linear interpolation between closest ranks (numpy's default); NaN for no values."""
-    if not values:
-        return math.nan
-    ordered = sorted(values)
-    pos = (len(ordered) - 1) * q / 100.0
-    low = math.floor(pos)
-    high = min(low + 1, len(ordered) - 1)
-    return ordered[low] + (ordered[high] - ordered[low]) * (pos - low)
 
 
 def percentiles(values: Sequence[float]) -> dict[str, float]:

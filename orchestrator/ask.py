@@ -25,6 +25,7 @@ import grpc
 
 from orchestrator.documents import MergedDocuments
 from orchestrator.prompt import document_segment, head_segments, preamble_key, suffix_segments
+from orchestrator.router import NoReplicaAvailable
 from protos import common_pb2, inference_pb2, orchestrator_pb2, retriever_pb2, retriever_pb2_grpc
 
 log = logging.getLogger(__name__)
@@ -40,6 +41,8 @@ DEFAULT_TOP_K = 5
 DEFAULT_DEADLINE_MS = 20_000
 DEFAULT_MAX_TOKENS = 128
 MAX_QUESTION_CHARS = 2000
+# An inference call that ends with one of these before the first token moves to another replica, once.
+RETRYABLE_CODES = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN})
 
 
 class BadAsk(ValueError):
@@ -152,7 +155,8 @@ class AskPipeline:
         self.retriever_stubs = retriever_stubs
         self.store = store
         self.chat_formats = chat_formats      # async (replica) -> ChatFormat (Describe, cached)
-        self.docs = MergedDocuments()
+        # With both retrievers, crawler pages are placed by relevance (orchestrator/documents.py).
+        self.docs = MergedDocuments(by_relevance=settings.choice == orchestrator_pb2.RETRIEVER_CHOICE_BOTH)
         self.timeline = Timeline()
         self.out: asyncio.Queue = asyncio.Queue()
         self.answer = ""
@@ -195,12 +199,29 @@ class AskPipeline:
         self.replica = self.router.choose(preamble_key())
         try:
             return await self.chat_formats(self.replica)
-        except grpc.RpcError as exc:
-            failed = self.replica.address
-            self.router.mark_failed(failed)
-            log.warning("%s: replica %s failed (%s); trying another", self.s.request_id, failed, exc.code().name)
-            self.replica = self.router.choose(preamble_key(), exclude={failed})
+        except grpc.RpcError as exc:      # any failure to describe itself: the replica is unusable
+            await self._fail_over(exc, record=False)     # the request is not in the store yet
             return await self.chat_formats(self.replica)
+
+    async def _fail_over(self, exc: grpc.RpcError, record: bool = True) -> None:
+        """Mark the current replica failed, move to another and record why. Raises
+        `AskFailed(UNAVAILABLE)` when no replica is left. The one failover rule of an Ask:
+        callers allow it once (`_may_fail_over`), and only before the first token."""
+        failed = self.replica.address
+        self.router.mark_failed(failed)
+        try:
+            self.replica = self.router.choose(preamble_key(), exclude={failed})
+        except NoReplicaAvailable:
+            raise AskFailed(grpc.StatusCode.UNAVAILABLE, f"no replica left after {failed}") from exc
+        log.warning("%s: replica %s failed (%s: %s); retrying on %s", self.s.request_id, failed, exc.code().name,
+                    exc.details(), self.replica.address)
+        if record:
+            await self.store.event(self.s.request_id, "ERROR", detail=f"replica {failed} failed: "
+                                   f"{exc.details()}; retrying on {self.replica.address}")
+            await self.store.update(self.s.request_id, replica=self.replica.address)
+
+    def _may_fail_over(self, exc: grpc.RpcError, retried: bool) -> bool:
+        return exc.code() in RETRYABLE_CODES and not retried and self.timeline.first_token is None
 
     # --- retrieval ----------------------------------------------------------------------
     async def _retrieve(self, name: str, retrieval: asyncio.Queue) -> None:
@@ -265,7 +286,7 @@ class AskPipeline:
                         segments=[document_segment(d) for d in docs])))
                 elif action == "update":
                     await session.send(inference_pb2.PromptUpdate(update=inference_pb2.PromptReplace(
-                        segments=[document_segment(d) for d in docs])))
+                        segments=[document_segment(d) for d in docs], final_stage=chunk.final)))
             await session.send(inference_pb2.PromptUpdate(finish=inference_pb2.PromptFinish(
                 segments=suffix_segments(chat, self.s.question))))
             await session.close()
@@ -284,25 +305,17 @@ class AskPipeline:
             except asyncio.CancelledError:
                 raise
             except grpc.RpcError as exc:
-                retryable = exc.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.INTERNAL,
-                                           grpc.StatusCode.UNKNOWN)
-                if retryable and not retried and self.timeline.first_token is None:
-                    retried = True
-                    failed = self.replica.address
-                    self.router.mark_failed(failed)
-                    try:
-                        self.replica = self.router.choose(preamble_key(), exclude={failed})
-                    except Exception:
-                        await self.out.put(AskFailed(grpc.StatusCode.UNAVAILABLE, f"no replica left after {failed}"))
-                        return
-                    await self.store.event(self.s.request_id, "ERROR", detail=f"replica {failed} failed: "
-                                           f"{exc.details()}; retrying on {self.replica.address}")
-                    await self.store.update(self.s.request_id, replica=self.replica.address)
-                    await session.reopen(self.replica.stub)
-                    continue
-                code = grpc.StatusCode.UNAVAILABLE if retryable else exc.code()
-                await self.out.put(AskFailed(code, f"inference failed: {exc.details()}"))
-                return
+                if not self._may_fail_over(exc, retried):
+                    code = grpc.StatusCode.UNAVAILABLE if exc.code() in RETRYABLE_CODES else exc.code()
+                    await self.out.put(AskFailed(code, f"inference failed: {exc.details()}"))
+                    return
+                retried = True
+                try:
+                    await self._fail_over(exc)
+                except AskFailed as failure:
+                    await self.out.put(failure)
+                    return
+                await session.reopen(self.replica.stub)
 
     # --- non-streaming baseline ---------------------------------------------------------
     async def _relay_baseline(self, chat, retrieval: asyncio.Queue) -> None:
@@ -314,18 +327,18 @@ class AskPipeline:
                         + suffix_segments(chat, self.s.question))
             request = inference_pb2.GenerateRequest(request_id=self.s.request_id, segments=segments,
                                                     sampling=self.s.sampling)
-            for attempt in range(2):
+            retried = False
+            while True:
                 try:
                     async for response in self.replica.stub.Generate(request):
                         await self._on_inference_event(response.event)
                     return
                 except grpc.RpcError as exc:
-                    if attempt or self.timeline.first_token is not None or exc.code() not in (
-                            grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN):
+                    if not self._may_fail_over(exc, retried):
                         await self.out.put(AskFailed(exc.code(), f"inference failed: {exc.details()}"))
                         return
-                    self.router.mark_failed(self.replica.address)
-                    self.replica = self.router.choose(preamble_key(), exclude={self.replica.address})
+                    retried = True
+                    await self._fail_over(exc)
         except asyncio.CancelledError:
             raise
         except Exception as exc:

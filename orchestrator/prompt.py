@@ -29,7 +29,10 @@ def document_segment(doc: common_pb2.Document) -> common_pb2.Segment:
     if len(text) > MAX_DOC_CHARS:
         text = text[:MAX_DOC_CHARS].rsplit(" ", 1)[0] + " ..."
     title = doc.title or doc.url or doc.id
-    return common_pb2.Segment(text=f"[{title}] {text}\n", key=f"doc:{doc.id}")
+    segment = common_pb2.Segment(text=f"[{title}] {text}\n", key=f"doc:{doc.id}")
+    if doc.HasField("stability"):       # the retriever's hint travels to the engine (update mode)
+        segment.stability = doc.stability
+    return segment
 
 
 def suffix_segments(chat: inference_pb2.ChatFormat, question: str) -> list[common_pb2.Segment]:

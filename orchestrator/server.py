@@ -73,3 +73,12 @@ async def serve(args: argparse.Namespace) -> None:
 def main(args: argparse.Namespace) -> int:
     asyncio.run(serve(args))
     return 0
+
+
+if __name__ == "__main__":
+    import sys
+
+    from orchestrator.server_args import add_orchestrator_args
+    from servicekit.config import run_command
+
+    sys.exit(run_command("python -m orchestrator.server", add_orchestrator_args, main))

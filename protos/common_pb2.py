@@ -24,29 +24,29 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x13protos/common.proto\x12\x0cstreamrag.v1\"^\n\x07Segment\x12\x0e\n\x04text\x18\x01 \x01(\tH\x00\x12+\n\ttoken_ids\x18\x02 \x01(\x0b\x32\x16.streamrag.v1.TokenIdsH\x00\x12\x0b\n\x03key\x18\x03 \x01(\tB\t\n\x07\x63ontent\"\x17\n\x08TokenIds\x12\x0b\n\x03ids\x18\x01 \x03(\x05\"\xad\x01\n\x0eSamplingParams\x12\x13\n\x0btemperature\x18\x01 \x01(\x01\x12\r\n\x05top_p\x18\x02 \x01(\x01\x12\r\n\x05top_k\x18\x03 \x01(\x05\x12\x12\n\nmax_tokens\x18\x04 \x01(\x05\x12\x11\n\x04seed\x18\x05 \x01(\x03H\x00\x88\x01\x01\x12\x0c\n\x04stop\x18\x06 \x03(\t\x12\x16\n\x0estop_token_ids\x18\x07 \x03(\x05\x12\x12\n\nignore_eos\x18\x08 \x01(\x08\x42\x07\n\x05_seed\"\x85\x01\n\x0eLifecycleEvent\x12.\n\x04kind\x18\x01 \x01(\x0e\x32 .streamrag.v1.LifecycleEventKind\x12\x13\n\x0bmonotonic_s\x18\x02 \x01(\x01\x12\x0f\n\x07unix_ms\x18\x03 \x01(\x03\x12\x0e\n\x06\x64\x65tail\x18\x04 \x01(\t\x12\r\n\x05\x63ount\x18\x05 \x01(\x03\"9\n\x0eGeneratedToken\x12\n\n\x02id\x18\x01 \x01(\x05\x12\x0c\n\x04text\x18\x02 \x01(\t\x12\r\n\x05index\x18\x03 \x01(\x05\"\xea\x02\n\x0cRequestStats\x12\x18\n\x10ttft_from_open_s\x18\x01 \x01(\x01\x12\x1e\n\x16ttft_from_last_chunk_s\x18\x02 \x01(\x01\x12\x15\n\rprompt_tokens\x18\x03 \x01(\x03\x12\x17\n\x0ftokens_computed\x18\x04 \x01(\x03\x12\x1a\n\x12tokens_invalidated\x18\x05 \x01(\x03\x12\x18\n\x10preemptions_swap\x18\x06 \x01(\x03\x12\x1d\n\x15preemptions_recompute\x18\x07 \x01(\x03\x12\x15\n\rtime_queued_s\x18\x08 \x01(\x01\x12\x18\n\x10generated_tokens\x18\t \x01(\x03\x12\x1f\n\x17prefix_cache_hit_tokens\x18\n \x01(\x03\x12\x13\n\x0bnum_appends\x18\x0b \x01(\x03\x12\x13\n\x0bnum_updates\x18\x0c \x01(\x03\x12\r\n\x05\x65\x32\x65_s\x18\r \x01(\x01\x12\x10\n\x08\x64\x65\x63ode_s\x18\x0e \x01(\x01\"_\n\x08\x44ocument\x12\n\n\x02id\x18\x01 \x01(\t\x12\r\n\x05title\x18\x02 \x01(\t\x12\x0b\n\x03url\x18\x03 \x01(\t\x12\x0c\n\x04text\x18\x04 \x01(\t\x12\r\n\x05score\x18\x05 \x01(\x01\x12\x0e\n\x06source\x18\x06 \x01(\t*\xb4\x03\n\x12LifecycleEventKind\x12$\n LIFECYCLE_EVENT_KIND_UNSPECIFIED\x10\x00\x12\x1f\n\x1bLIFECYCLE_EVENT_KIND_QUEUED\x10\x01\x12\"\n\x1eLIFECYCLE_EVENT_KIND_SCHEDULED\x10\x02\x12\"\n\x1eLIFECYCLE_EVENT_KIND_KV_ON_GPU\x10\x03\x12\'\n#LIFECYCLE_EVENT_KIND_PREEMPTED_SWAP\x10\x04\x12,\n(LIFECYCLE_EVENT_KIND_PREEMPTED_RECOMPUTE\x10\x05\x12$\n LIFECYCLE_EVENT_KIND_INVALIDATED\x10\x06\x12$\n LIFECYCLE_EVENT_KIND_FIRST_TOKEN\x10\x07\x12!\n\x1dLIFECYCLE_EVENT_KIND_FINISHED\x10\x08\x12\x1e\n\x1aLIFECYCLE_EVENT_KIND_ERROR\x10\t\x12)\n%LIFECYCLE_EVENT_KIND_PREFILL_PROGRESS\x10\n*\x91\x01\n\x0c\x46inishReason\x12\x1d\n\x19\x46INISH_REASON_UNSPECIFIED\x10\x00\x12\x16\n\x12\x46INISH_REASON_STOP\x10\x01\x12\x18\n\x14\x46INISH_REASON_LENGTH\x10\x02\x12\x17\n\x13\x46INISH_REASON_ABORT\x10\x03\x12\x17\n\x13\x46INISH_REASON_ERROR\x10\x04\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x13protos/common.proto\x12\x0cstreamrag.v1\"\x84\x01\n\x07Segment\x12\x0e\n\x04text\x18\x01 \x01(\tH\x00\x12+\n\ttoken_ids\x18\x02 \x01(\x0b\x32\x16.streamrag.v1.TokenIdsH\x00\x12\x0b\n\x03key\x18\x03 \x01(\t\x12\x16\n\tstability\x18\x04 \x01(\x02H\x01\x88\x01\x01\x42\t\n\x07\x63ontentB\x0c\n\n_stability\"\x17\n\x08TokenIds\x12\x0b\n\x03ids\x18\x01 \x03(\x05\"\xad\x01\n\x0eSamplingParams\x12\x13\n\x0btemperature\x18\x01 \x01(\x01\x12\r\n\x05top_p\x18\x02 \x01(\x01\x12\r\n\x05top_k\x18\x03 \x01(\x05\x12\x12\n\nmax_tokens\x18\x04 \x01(\x05\x12\x11\n\x04seed\x18\x05 \x01(\x03H\x00\x88\x01\x01\x12\x0c\n\x04stop\x18\x06 \x03(\t\x12\x16\n\x0estop_token_ids\x18\x07 \x03(\x05\x12\x12\n\nignore_eos\x18\x08 \x01(\x08\x42\x07\n\x05_seed\"\x85\x01\n\x0eLifecycleEvent\x12.\n\x04kind\x18\x01 \x01(\x0e\x32 .streamrag.v1.LifecycleEventKind\x12\x13\n\x0bmonotonic_s\x18\x02 \x01(\x01\x12\x0f\n\x07unix_ms\x18\x03 \x01(\x03\x12\x0e\n\x06\x64\x65tail\x18\x04 \x01(\t\x12\r\n\x05\x63ount\x18\x05 \x01(\x03\"9\n\x0eGeneratedToken\x12\n\n\x02id\x18\x01 \x01(\x05\x12\x0c\n\x04text\x18\x02 \x01(\t\x12\r\n\x05index\x18\x03 \x01(\x05\"\xea\x02\n\x0cRequestStats\x12\x18\n\x10ttft_from_open_s\x18\x01 \x01(\x01\x12\x1e\n\x16ttft_from_last_chunk_s\x18\x02 \x01(\x01\x12\x15\n\rprompt_tokens\x18\x03 \x01(\x03\x12\x17\n\x0ftokens_computed\x18\x04 \x01(\x03\x12\x1a\n\x12tokens_invalidated\x18\x05 \x01(\x03\x12\x18\n\x10preemptions_swap\x18\x06 \x01(\x03\x12\x1d\n\x15preemptions_recompute\x18\x07 \x01(\x03\x12\x15\n\rtime_queued_s\x18\x08 \x01(\x01\x12\x18\n\x10generated_tokens\x18\t \x01(\x03\x12\x1f\n\x17prefix_cache_hit_tokens\x18\n \x01(\x03\x12\x13\n\x0bnum_appends\x18\x0b \x01(\x03\x12\x13\n\x0bnum_updates\x18\x0c \x01(\x03\x12\r\n\x05\x65\x32\x65_s\x18\r \x01(\x01\x12\x10\n\x08\x64\x65\x63ode_s\x18\x0e \x01(\x01\"\x85\x01\n\x08\x44ocument\x12\n\n\x02id\x18\x01 \x01(\t\x12\r\n\x05title\x18\x02 \x01(\t\x12\x0b\n\x03url\x18\x03 \x01(\t\x12\x0c\n\x04text\x18\x04 \x01(\t\x12\r\n\x05score\x18\x05 \x01(\x01\x12\x0e\n\x06source\x18\x06 \x01(\t\x12\x16\n\tstability\x18\x07 \x01(\x01H\x00\x88\x01\x01\x42\x0c\n\n_stability*\xb4\x03\n\x12LifecycleEventKind\x12$\n LIFECYCLE_EVENT_KIND_UNSPECIFIED\x10\x00\x12\x1f\n\x1bLIFECYCLE_EVENT_KIND_QUEUED\x10\x01\x12\"\n\x1eLIFECYCLE_EVENT_KIND_SCHEDULED\x10\x02\x12\"\n\x1eLIFECYCLE_EVENT_KIND_KV_ON_GPU\x10\x03\x12\'\n#LIFECYCLE_EVENT_KIND_PREEMPTED_SWAP\x10\x04\x12,\n(LIFECYCLE_EVENT_KIND_PREEMPTED_RECOMPUTE\x10\x05\x12$\n LIFECYCLE_EVENT_KIND_INVALIDATED\x10\x06\x12$\n LIFECYCLE_EVENT_KIND_FIRST_TOKEN\x10\x07\x12!\n\x1dLIFECYCLE_EVENT_KIND_FINISHED\x10\x08\x12\x1e\n\x1aLIFECYCLE_EVENT_KIND_ERROR\x10\t\x12)\n%LIFECYCLE_EVENT_KIND_PREFILL_PROGRESS\x10\n*\x91\x01\n\x0c\x46inishReason\x12\x1d\n\x19\x46INISH_REASON_UNSPECIFIED\x10\x00\x12\x16\n\x12\x46INISH_REASON_STOP\x10\x01\x12\x18\n\x14\x46INISH_REASON_LENGTH\x10\x02\x12\x17\n\x13\x46INISH_REASON_ABORT\x10\x03\x12\x17\n\x13\x46INISH_REASON_ERROR\x10\x04\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'protos.common_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_LIFECYCLEEVENTKIND']._serialized_start=992
-  _globals['_LIFECYCLEEVENTKIND']._serialized_end=1428
-  _globals['_FINISHREASON']._serialized_start=1431
-  _globals['_FINISHREASON']._serialized_end=1576
-  _globals['_SEGMENT']._serialized_start=37
-  _globals['_SEGMENT']._serialized_end=131
-  _globals['_TOKENIDS']._serialized_start=133
-  _globals['_TOKENIDS']._serialized_end=156
-  _globals['_SAMPLINGPARAMS']._serialized_start=159
-  _globals['_SAMPLINGPARAMS']._serialized_end=332
-  _globals['_LIFECYCLEEVENT']._serialized_start=335
-  _globals['_LIFECYCLEEVENT']._serialized_end=468
-  _globals['_GENERATEDTOKEN']._serialized_start=470
-  _globals['_GENERATEDTOKEN']._serialized_end=527
-  _globals['_REQUESTSTATS']._serialized_start=530
-  _globals['_REQUESTSTATS']._serialized_end=892
-  _globals['_DOCUMENT']._serialized_start=894
-  _globals['_DOCUMENT']._serialized_end=989
+  _globals['_LIFECYCLEEVENTKIND']._serialized_start=1070
+  _globals['_LIFECYCLEEVENTKIND']._serialized_end=1506
+  _globals['_FINISHREASON']._serialized_start=1509
+  _globals['_FINISHREASON']._serialized_end=1654
+  _globals['_SEGMENT']._serialized_start=38
+  _globals['_SEGMENT']._serialized_end=170
+  _globals['_TOKENIDS']._serialized_start=172
+  _globals['_TOKENIDS']._serialized_end=195
+  _globals['_SAMPLINGPARAMS']._serialized_start=198
+  _globals['_SAMPLINGPARAMS']._serialized_end=371
+  _globals['_LIFECYCLEEVENT']._serialized_start=374
+  _globals['_LIFECYCLEEVENT']._serialized_end=507
+  _globals['_GENERATEDTOKEN']._serialized_start=509
+  _globals['_GENERATEDTOKEN']._serialized_end=566
+  _globals['_REQUESTSTATS']._serialized_start=569
+  _globals['_REQUESTSTATS']._serialized_end=931
+  _globals['_DOCUMENT']._serialized_start=934
+  _globals['_DOCUMENT']._serialized_end=1067
 # @@protoc_insertion_point(module_scope)

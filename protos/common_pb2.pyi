@@ -46,14 +46,16 @@ FINISH_REASON_ABORT: FinishReason
 FINISH_REASON_ERROR: FinishReason
 
 class Segment(_message.Message):
-    __slots__ = ("text", "token_ids", "key")
+    __slots__ = ("text", "token_ids", "key", "stability")
     TEXT_FIELD_NUMBER: _ClassVar[int]
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     KEY_FIELD_NUMBER: _ClassVar[int]
+    STABILITY_FIELD_NUMBER: _ClassVar[int]
     text: str
     token_ids: TokenIds
     key: str
-    def __init__(self, text: _Optional[str] = ..., token_ids: _Optional[_Union[TokenIds, _Mapping]] = ..., key: _Optional[str] = ...) -> None: ...
+    stability: float
+    def __init__(self, text: _Optional[str] = ..., token_ids: _Optional[_Union[TokenIds, _Mapping]] = ..., key: _Optional[str] = ..., stability: _Optional[float] = ...) -> None: ...
 
 class TokenIds(_message.Message):
     __slots__ = ("ids",)
@@ -138,17 +140,19 @@ class RequestStats(_message.Message):
     def __init__(self, ttft_from_open_s: _Optional[float] = ..., ttft_from_last_chunk_s: _Optional[float] = ..., prompt_tokens: _Optional[int] = ..., tokens_computed: _Optional[int] = ..., tokens_invalidated: _Optional[int] = ..., preemptions_swap: _Optional[int] = ..., preemptions_recompute: _Optional[int] = ..., time_queued_s: _Optional[float] = ..., generated_tokens: _Optional[int] = ..., prefix_cache_hit_tokens: _Optional[int] = ..., num_appends: _Optional[int] = ..., num_updates: _Optional[int] = ..., e2e_s: _Optional[float] = ..., decode_s: _Optional[float] = ...) -> None: ...
 
 class Document(_message.Message):
-    __slots__ = ("id", "title", "url", "text", "score", "source")
+    __slots__ = ("id", "title", "url", "text", "score", "source", "stability")
     ID_FIELD_NUMBER: _ClassVar[int]
     TITLE_FIELD_NUMBER: _ClassVar[int]
     URL_FIELD_NUMBER: _ClassVar[int]
     TEXT_FIELD_NUMBER: _ClassVar[int]
     SCORE_FIELD_NUMBER: _ClassVar[int]
     SOURCE_FIELD_NUMBER: _ClassVar[int]
+    STABILITY_FIELD_NUMBER: _ClassVar[int]
     id: str
     title: str
     url: str
     text: str
     score: float
     source: str
-    def __init__(self, id: _Optional[str] = ..., title: _Optional[str] = ..., url: _Optional[str] = ..., text: _Optional[str] = ..., score: _Optional[float] = ..., source: _Optional[str] = ...) -> None: ...
+    stability: float
+    def __init__(self, id: _Optional[str] = ..., title: _Optional[str] = ..., url: _Optional[str] = ..., text: _Optional[str] = ..., score: _Optional[float] = ..., source: _Optional[str] = ..., stability: _Optional[float] = ...) -> None: ...

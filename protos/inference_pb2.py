@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from protos import common_pb2 as protos_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16protos/inference.proto\x12\x0cstreamrag.v1\x1a\x13protos/common.proto\"A\n\x13StreamPromptRequest\x12*\n\x06update\x18\x01 \x01(\x0b\x32\x1a.streamrag.v1.PromptUpdate\"C\n\x14StreamPromptResponse\x12+\n\x05\x65vent\x18\x01 \x01(\x0b\x32\x1c.streamrag.v1.InferenceEvent\"\xcb\x01\n\x0cPromptUpdate\x12(\n\x04open\x18\x01 \x01(\x0b\x32\x18.streamrag.v1.PromptOpenH\x00\x12,\n\x06\x61ppend\x18\x02 \x01(\x0b\x32\x1a.streamrag.v1.PromptAppendH\x00\x12-\n\x06update\x18\x03 \x01(\x0b\x32\x1b.streamrag.v1.PromptReplaceH\x00\x12,\n\x06\x66inish\x18\x04 \x01(\x0b\x32\x1a.streamrag.v1.PromptFinishH\x00\x42\x06\n\x04kind\"\xb2\x01\n\nPromptOpen\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12.\n\x08sampling\x18\x02 \x01(\x0b\x32\x1c.streamrag.v1.SamplingParams\x12\x15\n\x08priority\x18\x03 \x01(\x05H\x00\x88\x01\x01\x12\'\n\x08segments\x18\x04 \x03(\x0b\x32\x15.streamrag.v1.Segment\x12\x13\n\x0bpolicy_hint\x18\x05 \x01(\tB\x0b\n\t_priority\"7\n\x0cPromptAppend\x12\'\n\x08segments\x18\x01 \x03(\x0b\x32\x15.streamrag.v1.Segment\"8\n\rPromptReplace\x12\'\n\x08segments\x18\x01 \x03(\x0b\x32\x15.streamrag.v1.Segment\"7\n\x0cPromptFinish\x12\'\n\x08segments\x18\x01 \x03(\x0b\x32\x15.streamrag.v1.Segment\"\xa7\x01\n\x0eInferenceEvent\x12\x31\n\tlifecycle\x18\x01 \x01(\x0b\x32\x1c.streamrag.v1.LifecycleEventH\x00\x12-\n\x05token\x18\x02 \x01(\x0b\x32\x1c.streamrag.v1.GeneratedTokenH\x00\x12+\n\x04\x64one\x18\x03 \x01(\x0b\x32\x1b.streamrag.v1.InferenceDoneH\x00\x42\x06\n\x04kind\"\xa6\x01\n\rInferenceDone\x12\x31\n\rfinish_reason\x18\x01 \x01(\x0e\x32\x1a.streamrag.v1.FinishReason\x12)\n\x05stats\x18\x02 \x01(\x0b\x32\x1a.streamrag.v1.RequestStats\x12\x0c\n\x04text\x18\x03 \x01(\t\x12\x12\n\nrequest_id\x18\x04 \x01(\t\x12\x15\n\rfinish_detail\x18\x05 \x01(\t\"\xb7\x01\n\x0fGenerateRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\'\n\x08segments\x18\x02 \x03(\x0b\x32\x15.streamrag.v1.Segment\x12.\n\x08sampling\x18\x03 \x01(\x0b\x32\x1c.streamrag.v1.SamplingParams\x12\x15\n\x08priority\x18\x04 \x01(\x05H\x00\x88\x01\x01\x12\x13\n\x0bpolicy_hint\x18\x05 \x01(\tB\x0b\n\t_priority\"?\n\x10GenerateResponse\x12+\n\x05\x65vent\x18\x01 \x01(\x0b\x32\x1c.streamrag.v1.InferenceEvent\"\x11\n\x0f\x44\x65scribeRequest\"?\n\x10\x44\x65scribeResponse\x12+\n\nmodel_info\x18\x01 \x01(\x0b\x32\x17.streamrag.v1.ModelInfo\"\xf6\x01\n\tModelInfo\x12\r\n\x05model\x18\x01 \x01(\t\x12\x16\n\x0e\x63ontext_length\x18\x02 \x01(\x05\x12\x12\n\nblock_size\x18\x03 \x01(\x05\x12\x0e\n\x06policy\x18\x04 \x01(\t\x12\x0f\n\x07\x62\x61\x63kend\x18\x05 \x01(\t\x12\x15\n\reviction_mode\x18\x06 \x01(\t\x12\r\n\x05\x64type\x18\x07 \x01(\t\x12\x0e\n\x06\x64\x65vice\x18\x08 \x01(\t\x12-\n\x0b\x63hat_format\x18\t \x01(\x0b\x32\x18.streamrag.v1.ChatFormat\x12\x12\n\nvocab_size\x18\n \x01(\x05\x12\x14\n\x0ctoken_budget\x18\x0b \x01(\x05\"\x90\x01\n\nChatFormat\x12\x15\n\rprompt_prefix\x18\x01 \x01(\t\x12\x13\n\x0buser_prefix\x18\x02 \x01(\t\x12\x13\n\x0buser_suffix\x18\x03 \x01(\t\x12\x18\n\x10\x61ssistant_prefix\x18\x04 \x01(\t\x12\x10\n\x08\x65os_text\x18\x05 \x01(\t\x12\x15\n\reos_token_ids\x18\x06 \x03(\x05\"\x11\n\x0fGetStatsRequest\"<\n\x10GetStatsResponse\x12(\n\x05stats\x18\x01 \x01(\x0b\x32\x19.streamrag.v1.EngineStats\"\xd4\x02\n\x0b\x45ngineStats\x12+\n\x05pools\x18\x01 \x03(\x0b\x32\x1c.streamrag.v1.BlockPoolStats\x12\x13\n\x0bnum_running\x18\x02 \x01(\x05\x12\x13\n\x0bnum_waiting\x18\x03 \x01(\x05\x12\x13\n\x0bnum_swapped\x18\x04 \x01(\x05\x12\x0e\n\x06policy\x18\x05 \x01(\t\x12\x14\n\x0ctoken_budget\x18\x06 \x01(\x05\x12\r\n\x05model\x18\x07 \x01(\t\x12.\n\x08\x63ounters\x18\x08 \x01(\x0b\x32\x1c.streamrag.v1.EngineCounters\x12\x1f\n\x17throughput_tokens_per_s\x18\t \x01(\x01\x12\x1f\n\x17generation_tokens_per_s\x18\n \x01(\x01\x12\x1e\n\x16max_concurrent_streams\x18\x0b \x01(\x05\x12\x12\n\nnum_active\x18\x0c \x01(\x05\"v\n\x0e\x42lockPoolStats\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x14\n\x0ctotal_blocks\x18\x02 \x01(\x03\x12\x13\n\x0b\x66ree_blocks\x18\x03 \x01(\x03\x12\x12\n\nblock_size\x18\x04 \x01(\x05\x12\x17\n\x0f\x62ytes_per_block\x18\x05 \x01(\x03\"\x9f\x02\n\x0e\x45ngineCounters\x12\x19\n\x11requests_received\x18\x01 \x01(\x03\x12\x19\n\x11requests_finished\x18\x02 \x01(\x03\x12\x18\n\x10requests_aborted\x18\x03 \x01(\x03\x12\x1e\n\x16prompt_tokens_computed\x18\x04 \x01(\x03\x12\x18\n\x10generated_tokens\x18\x05 \x01(\x03\x12\x1a\n\x12tokens_invalidated\x18\x06 \x01(\x03\x12\x18\n\x10preemptions_swap\x18\x07 \x01(\x03\x12\x1d\n\x15preemptions_recompute\x18\x08 \x01(\x03\x12\x1f\n\x17prefix_cache_hit_tokens\x18\t \x01(\x03\x12\r\n\x05steps\x18\n \x01(\x03\x32\xc9\x02\n\tInference\x12Y\n\x0cStreamPrompt\x12!.streamrag.v1.StreamPromptRequest\x1a\".streamrag.v1.StreamPromptResponse(\x01\x30\x01\x12K\n\x08Generate\x12\x1d.streamrag.v1.GenerateRequest\x1a\x1e.streamrag.v1.GenerateResponse0\x01\x12I\n\x08\x44\x65scribe\x12\x1d.streamrag.v1.DescribeRequest\x1a\x1e.streamrag.v1.DescribeResponse\x12I\n\x08GetStats\x12\x1d.streamrag.v1.GetStatsRequest\x1a\x1e.streamrag.v1.GetStatsResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16protos/inference.proto\x12\x0cstreamrag.v1\x1a\x13protos/common.proto\"A\n\x13StreamPromptRequest\x12*\n\x06update\x18\x01 \x01(\x0b\x32\x1a.streamrag.v1.PromptUpdate\"C\n\x14StreamPromptResponse\x12+\n\x05\x65vent\x18\x01 \x01(\x0b\x32\x1c.streamrag.v1.InferenceEvent\"\xcb\x01\n\x0cPromptUpdate\x12(\n\x04open\x18\x01 \x01(\x0b\x32\x18.streamrag.v1.PromptOpenH\x00\x12,\n\x06\x61ppend\x18\x02 \x01(\x0b\x32\x1a.streamrag.v1.PromptAppendH\x00\x12-\n\x06update\x18\x03 \x01(\x0b\x32\x1b.streamrag.v1.PromptReplaceH\x00\x12,\n\x06\x66inish\x18\x04 \x01(\x0b\x32\x1a.streamrag.v1.PromptFinishH\x00\x42\x06\n\x04kind\"\xb2\x01\n\nPromptOpen\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12.\n\x08sampling\x18\x02 \x01(\x0b\x32\x1c.streamrag.v1.SamplingParams\x12\x15\n\x08priority\x18\x03 \x01(\x05H\x00\x88\x01\x01\x12\'\n\x08segments\x18\x04 \x03(\x0b\x32\x15.streamrag.v1.Segment\x12\x13\n\x0bpolicy_hint\x18\x05 \x01(\tB\x0b\n\t_priority\"7\n\x0cPromptAppend\x12\'\n\x08segments\x18\x01 \x03(\x0b\x32\x15.streamrag.v1.Segment\"M\n\rPromptReplace\x12\'\n\x08segments\x18\x01 \x03(\x0b\x32\x15.streamrag.v1.Segment\x12\x13\n\x0b\x66inal_stage\x18\x02 \x01(\x08\"7\n\x0cPromptFinish\x12\'\n\x08segments\x18\x01 \x03(\x0b\x32\x15.streamrag.v1.Segment\"\xa7\x01\n\x0eInferenceEvent\x12\x31\n\tlifecycle\x18\x01 \x01(\x0b\x32\x1c.streamrag.v1.LifecycleEventH\x00\x12-\n\x05token\x18\x02 \x01(\x0b\x32\x1c.streamrag.v1.GeneratedTokenH\x00\x12+\n\x04\x64one\x18\x03 \x01(\x0b\x32\x1b.streamrag.v1.InferenceDoneH\x00\x42\x06\n\x04kind\"\xa6\x01\n\rInferenceDone\x12\x31\n\rfinish_reason\x18\x01 \x01(\x0e\x32\x1a.streamrag.v1.FinishReason\x12)\n\x05stats\x18\x02 \x01(\x0b\x32\x1a.streamrag.v1.RequestStats\x12\x0c\n\x04text\x18\x03 \x01(\t\x12\x12\n\nrequest_id\x18\x04 \x01(\t\x12\x15\n\rfinish_detail\x18\x05 \x01(\t\"\xb7\x01\n\x0fGenerateRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\'\n\x08segments\x18\x02 \x03(\x0b\x32\x15.streamrag.v1.Segment\x12.\n\x08sampling\x18\x03 \x01(\x0b\x32\x1c.streamrag.v1.SamplingParams\x12\x15\n\x08priority\x18\x04 \x01(\x05H\x00\x88\x01\x01\x12\x13\n\x0bpolicy_hint\x18\x05 \x01(\tB\x0b\n\t_priority\"?\n\x10GenerateResponse\x12+\n\x05\x65vent\x18\x01 \x01(\x0b\x32\x1c.streamrag.v1.InferenceEvent\"\x11\n\x0f\x44\x65scribeRequest\"?\n\x10\x44\x65scribeResponse\x12+\n\nmodel_info\x18\x01 \x01(\x0b\x32\x17.streamrag.v1.ModelInfo\"\xf6\x01\n\tModelInfo\x12\r\n\x05model\x18\x01 \x01(\t\x12\x16\n\x0e\x63ontext_length\x18\x02 \x01(\x05\x12\x12\n\nblock_size\x18\x03 \x01(\x05\x12\x0e\n\x06policy\x18\x04 \x01(\t\x12\x0f\n\x07\x62\x61\x63kend\x18\x05 \x01(\t\x12\x15\n\reviction_mode\x18\x06 \x01(\t\x12\r\n\x05\x64type\x18\x07 \x01(\t\x12\x0e\n\x06\x64\x65vice\x18\x08 \x01(\t\x12-\n\x0b\x63hat_format\x18\t \x01(\x0b\x32\x18.streamrag.v1.ChatFormat\x12\x12\n\nvocab_size\x18\n \x01(\x05\x12\x14\n\x0ctoken_budget\x18\x0b \x01(\x05\"\x90\x01\n\nChatFormat\x12\x15\n\rprompt_prefix\x18\x01 \x01(\t\x12\x13\n\x0buser_prefix\x18\x02 \x01(\t\x12\x13\n\x0buser_suffix\x18\x03 \x01(\t\x12\x18\n\x10\x61ssistant_prefix\x18\x04 \x01(\t\x12\x10\n\x08\x65os_text\x18\x05 \x01(\t\x12\x15\n\reos_token_ids\x18\x06 \x03(\x05\"\x11\n\x0fGetStatsRequest\"<\n\x10GetStatsResponse\x12(\n\x05stats\x18\x01 \x01(\x0b\x32\x19.streamrag.v1.EngineStats\"\xd4\x02\n\x0b\x45ngineStats\x12+\n\x05pools\x18\x01 \x03(\x0b\x32\x1c.streamrag.v1.BlockPoolStats\x12\x13\n\x0bnum_running\x18\x02 \x01(\x05\x12\x13\n\x0bnum_waiting\x18\x03 \x01(\x05\x12\x13\n\x0bnum_swapped\x18\x04 \x01(\x05\x12\x0e\n\x06policy\x18\x05 \x01(\t\x12\x14\n\x0ctoken_budget\x18\x06 \x01(\x05\x12\r\n\x05model\x18\x07 \x01(\t\x12.\n\x08\x63ounters\x18\x08 \x01(\x0b\x32\x1c.streamrag.v1.EngineCounters\x12\x1f\n\x17throughput_tokens_per_s\x18\t \x01(\x01\x12\x1f\n\x17generation_tokens_per_s\x18\n \x01(\x01\x12\x1e\n\x16max_concurrent_streams\x18\x0b \x01(\x05\x12\x12\n\nnum_active\x18\x0c \x01(\x05\"v\n\x0e\x42lockPoolStats\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x14\n\x0ctotal_blocks\x18\x02 \x01(\x03\x12\x13\n\x0b\x66ree_blocks\x18\x03 \x01(\x03\x12\x12\n\nblock_size\x18\x04 \x01(\x05\x12\x17\n\x0f\x62ytes_per_block\x18\x05 \x01(\x03\"\x9f\x02\n\x0e\x45ngineCounters\x12\x19\n\x11requests_received\x18\x01 \x01(\x03\x12\x19\n\x11requests_finished\x18\x02 \x01(\x03\x12\x18\n\x10requests_aborted\x18\x03 \x01(\x03\x12\x1e\n\x16prompt_tokens_computed\x18\x04 \x01(\x03\x12\x18\n\x10generated_tokens\x18\x05 \x01(\x03\x12\x1a\n\x12tokens_invalidated\x18\x06 \x01(\x03\x12\x18\n\x10preemptions_swap\x18\x07 \x01(\x03\x12\x1d\n\x15preemptions_recompute\x18\x08 \x01(\x03\x12\x1f\n\x17prefix_cache_hit_tokens\x18\t \x01(\x03\x12\r\n\x05steps\x18\n \x01(\x03\x32\xc9\x02\n\tInference\x12Y\n\x0cStreamPrompt\x12!.streamrag.v1.StreamPromptRequest\x1a\".streamrag.v1.StreamPromptResponse(\x01\x30\x01\x12K\n\x08Generate\x12\x1d.streamrag.v1.GenerateRequest\x1a\x1e.streamrag.v1.GenerateResponse0\x01\x12I\n\x08\x44\x65scribe\x12\x1d.streamrag.v1.DescribeRequest\x1a\x1e.streamrag.v1.DescribeResponse\x12I\n\x08GetStats\x12\x1d.streamrag.v1.GetStatsRequest\x1a\x1e.streamrag.v1.GetStatsResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -43,35 +43,35 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_PROMPTAPPEND']._serialized_start=584
   _globals['_PROMPTAPPEND']._serialized_end=639
   _globals['_PROMPTREPLACE']._serialized_start=641
-  _globals['_PROMPTREPLACE']._serialized_end=697
-  _globals['_PROMPTFINISH']._serialized_start=699
-  _globals['_PROMPTFINISH']._serialized_end=754
-  _globals['_INFERENCEEVENT']._serialized_start=757
-  _globals['_INFERENCEEVENT']._serialized_end=924
-  _globals['_INFERENCEDONE']._serialized_start=927
-  _globals['_INFERENCEDONE']._serialized_end=1093
-  _globals['_GENERATEREQUEST']._serialized_start=1096
-  _globals['_GENERATEREQUEST']._serialized_end=1279
-  _globals['_GENERATERESPONSE']._serialized_start=1281
-  _globals['_GENERATERESPONSE']._serialized_end=1344
-  _globals['_DESCRIBEREQUEST']._serialized_start=1346
-  _globals['_DESCRIBEREQUEST']._serialized_end=1363
-  _globals['_DESCRIBERESPONSE']._serialized_start=1365
-  _globals['_DESCRIBERESPONSE']._serialized_end=1428
-  _globals['_MODELINFO']._serialized_start=1431
-  _globals['_MODELINFO']._serialized_end=1677
-  _globals['_CHATFORMAT']._serialized_start=1680
-  _globals['_CHATFORMAT']._serialized_end=1824
-  _globals['_GETSTATSREQUEST']._serialized_start=1826
-  _globals['_GETSTATSREQUEST']._serialized_end=1843
-  _globals['_GETSTATSRESPONSE']._serialized_start=1845
-  _globals['_GETSTATSRESPONSE']._serialized_end=1905
-  _globals['_ENGINESTATS']._serialized_start=1908
-  _globals['_ENGINESTATS']._serialized_end=2248
-  _globals['_BLOCKPOOLSTATS']._serialized_start=2250
-  _globals['_BLOCKPOOLSTATS']._serialized_end=2368
-  _globals['_ENGINECOUNTERS']._serialized_start=2371
-  _globals['_ENGINECOUNTERS']._serialized_end=2658
-  _globals['_INFERENCE']._serialized_start=2661
-  _globals['_INFERENCE']._serialized_end=2990
+  _globals['_PROMPTREPLACE']._serialized_end=718
+  _globals['_PROMPTFINISH']._serialized_start=720
+  _globals['_PROMPTFINISH']._serialized_end=775
+  _globals['_INFERENCEEVENT']._serialized_start=778
+  _globals['_INFERENCEEVENT']._serialized_end=945
+  _globals['_INFERENCEDONE']._serialized_start=948
+  _globals['_INFERENCEDONE']._serialized_end=1114
+  _globals['_GENERATEREQUEST']._serialized_start=1117
+  _globals['_GENERATEREQUEST']._serialized_end=1300
+  _globals['_GENERATERESPONSE']._serialized_start=1302
+  _globals['_GENERATERESPONSE']._serialized_end=1365
+  _globals['_DESCRIBEREQUEST']._serialized_start=1367
+  _globals['_DESCRIBEREQUEST']._serialized_end=1384
+  _globals['_DESCRIBERESPONSE']._serialized_start=1386
+  _globals['_DESCRIBERESPONSE']._serialized_end=1449
+  _globals['_MODELINFO']._serialized_start=1452
+  _globals['_MODELINFO']._serialized_end=1698
+  _globals['_CHATFORMAT']._serialized_start=1701
+  _globals['_CHATFORMAT']._serialized_end=1845
+  _globals['_GETSTATSREQUEST']._serialized_start=1847
+  _globals['_GETSTATSREQUEST']._serialized_end=1864
+  _globals['_GETSTATSRESPONSE']._serialized_start=1866
+  _globals['_GETSTATSRESPONSE']._serialized_end=1926
+  _globals['_ENGINESTATS']._serialized_start=1929
+  _globals['_ENGINESTATS']._serialized_end=2269
+  _globals['_BLOCKPOOLSTATS']._serialized_start=2271
+  _globals['_BLOCKPOOLSTATS']._serialized_end=2389
+  _globals['_ENGINECOUNTERS']._serialized_start=2392
+  _globals['_ENGINECOUNTERS']._serialized_end=2679
+  _globals['_INFERENCE']._serialized_start=2682
+  _globals['_INFERENCE']._serialized_end=3011
 # @@protoc_insertion_point(module_scope)

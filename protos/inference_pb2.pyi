@@ -52,10 +52,12 @@ class PromptAppend(_message.Message):
     def __init__(self, segments: _Optional[_Iterable[_Union[_common_pb2.Segment, _Mapping]]] = ...) -> None: ...
 
 class PromptReplace(_message.Message):
-    __slots__ = ("segments",)
+    __slots__ = ("segments", "final_stage")
     SEGMENTS_FIELD_NUMBER: _ClassVar[int]
+    FINAL_STAGE_FIELD_NUMBER: _ClassVar[int]
     segments: _containers.RepeatedCompositeFieldContainer[_common_pb2.Segment]
-    def __init__(self, segments: _Optional[_Iterable[_Union[_common_pb2.Segment, _Mapping]]] = ...) -> None: ...
+    final_stage: bool
+    def __init__(self, segments: _Optional[_Iterable[_Union[_common_pb2.Segment, _Mapping]]] = ..., final_stage: _Optional[bool] = ...) -> None: ...
 
 class PromptFinish(_message.Message):
     __slots__ = ("segments",)

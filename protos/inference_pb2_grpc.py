@@ -28,10 +28,31 @@ if _version_not_supported:
 class InferenceStub:
     """Serves one model. Prompts are lists of segments (see `Segment`).
     Cancelling any RPC (client gone, deadline) aborts its request and frees its
-    KV blocks. Errors: INVALID_ARGUMENT (malformed message, message before
-    `open`, message after `finish`, empty prompt, sampling out of range),
-    ALREADY_EXISTS (duplicate request id), RESOURCE_EXHAUSTED (prompt longer
-    than the context, queue full), DEADLINE_EXCEEDED, UNAVAILABLE.
+    KV blocks.
+
+    Limits:
+    - A message is at most 64 MiB (gRPC answers RESOURCE_EXHAUSTED above).
+    - A message carries at most 4,096 segments; a segment at most 1,048,576
+    characters of text or 1,048,576 token ids.
+    - The prompt (head + context + suffix, in tokens) must leave room for one
+    generated token: it is at most `ModelInfo.context_length` - 1 tokens,
+    and less when the KV cache holds fewer tokens.
+    - Sampling: `max_tokens` at most 1,048,576; `seed` in [0, 2^63);
+    `temperature` finite and >= 0; `top_p` in (0, 1] (0 means 1); `top_k`
+    >= 0; `stop_token_ids` >= 0; at most 16 `stop` strings, each 1 to 256
+    characters.
+    - `request_id` at most 256 printable characters.
+
+    Errors:
+    - INVALID_ARGUMENT: a malformed message (bytes that do not parse, a string
+    that is not UTF-8, a segment with neither text nor token ids, a token id
+    outside the vocabulary), a message before `open` or after `finish`, an
+    empty prompt, sampling parameters out of range.
+    - ALREADY_EXISTS: the request id is already in use.
+    - RESOURCE_EXHAUSTED: the prompt is too long, whichever limit it hits
+    (segment size, segments per message, tokens beyond the context), with a
+    message that starts "prompt too long:"; too many open calls.
+    - DEADLINE_EXCEEDED, UNAVAILABLE.
     """
 
     def __init__(self, channel):
@@ -65,10 +86,31 @@ class InferenceStub:
 class InferenceServicer:
     """Serves one model. Prompts are lists of segments (see `Segment`).
     Cancelling any RPC (client gone, deadline) aborts its request and frees its
-    KV blocks. Errors: INVALID_ARGUMENT (malformed message, message before
-    `open`, message after `finish`, empty prompt, sampling out of range),
-    ALREADY_EXISTS (duplicate request id), RESOURCE_EXHAUSTED (prompt longer
-    than the context, queue full), DEADLINE_EXCEEDED, UNAVAILABLE.
+    KV blocks.
+
+    Limits:
+    - A message is at most 64 MiB (gRPC answers RESOURCE_EXHAUSTED above).
+    - A message carries at most 4,096 segments; a segment at most 1,048,576
+    characters of text or 1,048,576 token ids.
+    - The prompt (head + context + suffix, in tokens) must leave room for one
+    generated token: it is at most `ModelInfo.context_length` - 1 tokens,
+    and less when the KV cache holds fewer tokens.
+    - Sampling: `max_tokens` at most 1,048,576; `seed` in [0, 2^63);
+    `temperature` finite and >= 0; `top_p` in (0, 1] (0 means 1); `top_k`
+    >= 0; `stop_token_ids` >= 0; at most 16 `stop` strings, each 1 to 256
+    characters.
+    - `request_id` at most 256 printable characters.
+
+    Errors:
+    - INVALID_ARGUMENT: a malformed message (bytes that do not parse, a string
+    that is not UTF-8, a segment with neither text nor token ids, a token id
+    outside the vocabulary), a message before `open` or after `finish`, an
+    empty prompt, sampling parameters out of range.
+    - ALREADY_EXISTS: the request id is already in use.
+    - RESOURCE_EXHAUSTED: the prompt is too long, whichever limit it hits
+    (segment size, segments per message, tokens beyond the context), with a
+    message that starts "prompt too long:"; too many open calls.
+    - DEADLINE_EXCEEDED, UNAVAILABLE.
     """
 
     def StreamPrompt(self, request_iterator, context):
@@ -139,10 +181,31 @@ def add_InferenceServicer_to_server(servicer, server):
 class Inference:
     """Serves one model. Prompts are lists of segments (see `Segment`).
     Cancelling any RPC (client gone, deadline) aborts its request and frees its
-    KV blocks. Errors: INVALID_ARGUMENT (malformed message, message before
-    `open`, message after `finish`, empty prompt, sampling out of range),
-    ALREADY_EXISTS (duplicate request id), RESOURCE_EXHAUSTED (prompt longer
-    than the context, queue full), DEADLINE_EXCEEDED, UNAVAILABLE.
+    KV blocks.
+
+    Limits:
+    - A message is at most 64 MiB (gRPC answers RESOURCE_EXHAUSTED above).
+    - A message carries at most 4,096 segments; a segment at most 1,048,576
+    characters of text or 1,048,576 token ids.
+    - The prompt (head + context + suffix, in tokens) must leave room for one
+    generated token: it is at most `ModelInfo.context_length` - 1 tokens,
+    and less when the KV cache holds fewer tokens.
+    - Sampling: `max_tokens` at most 1,048,576; `seed` in [0, 2^63);
+    `temperature` finite and >= 0; `top_p` in (0, 1] (0 means 1); `top_k`
+    >= 0; `stop_token_ids` >= 0; at most 16 `stop` strings, each 1 to 256
+    characters.
+    - `request_id` at most 256 printable characters.
+
+    Errors:
+    - INVALID_ARGUMENT: a malformed message (bytes that do not parse, a string
+    that is not UTF-8, a segment with neither text nor token ids, a token id
+    outside the vocabulary), a message before `open` or after `finish`, an
+    empty prompt, sampling parameters out of range.
+    - ALREADY_EXISTS: the request id is already in use.
+    - RESOURCE_EXHAUSTED: the prompt is too long, whichever limit it hits
+    (segment size, segments per message, tokens beyond the context), with a
+    message that starts "prompt too long:"; too many open calls.
+    - DEADLINE_EXCEEDED, UNAVAILABLE.
     """
 
     @staticmethod

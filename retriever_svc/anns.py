@@ -27,6 +27,7 @@ from protos import common_pb2, retriever_pb2
 from retriever_svc.corpus.index import INDEX_PREFIX, STORE, VECTORS, default_index_dir, quiet_diskann, read_manifest
 from retriever_svc.corpus.store import PassageStore
 from retriever_svc.service import InvalidQuery, RetrievalQuery
+from retriever_svc.stability import stability_hints
 
 DEFAULT_SCHEDULE = (16, 64, 256)      # measured: see `streamrag bench retrieval`
 DEFAULT_BEAM_WIDTH = 8
@@ -183,24 +184,28 @@ class AnnsBackend:
         vector = await asyncio.to_thread(self.embed, query.query)
         exact = await asyncio.to_thread(self.index.exact, vector, query.top_k) if measure else None
         stages = self.index.stages(vector, query.top_k, schedule, width)
+        previous: list[str] | None = None          # the ids of the last chunk sent
         while True:
-            stage, chunk = await asyncio.to_thread(self._advance, stages, exact)
+            stage, chunk = await asyncio.to_thread(self._advance, stages, exact, previous)
             if stage is None:
                 return
             if chunk is not None:
+                previous = [d.id for d in chunk.documents]
                 yield chunk
 
-    def _advance(self, stages: Iterator[Stage], exact: list[int] | None):
+    def _advance(self, stages: Iterator[Stage], exact: list[int] | None, previous: list[str] | None):
         """Run the next stage (in a worker thread); its chunk when the list changed or it is the last."""
         stage = next(stages, None)
         if stage is None or not (stage.changed or stage.final):
             return stage, None
-        return stage, self._chunk(stage, exact)
+        return stage, self._chunk(stage, exact, previous)
 
-    def _chunk(self, stage: Stage, exact: list[int] | None) -> retriever_pb2.ContextChunk:
+    def _chunk(self, stage: Stage, exact: list[int] | None, previous: list[str] | None) -> retriever_pb2.ContextChunk:
         passages = self.index.store.get(stage.rows)
+        hints = stability_hints(previous, [p.id for p in passages], stage.final)
         documents = [common_pb2.Document(id=p.id, title=p.title, url=p.url, text=p.text, score=1.0 - d / 2,
-                                         source="anns") for p, d in zip(passages, stage.distances, strict=True)]
+                                         source="anns", stability=hint)
+                     for p, d, hint in zip(passages, stage.distances, hints, strict=True)]
         info = retriever_pb2.StageInfo(index=stage.index, search_list_size=stage.search_list_size)
         if exact is not None:
             info.recall_at_k = recall(stage.rows, exact)

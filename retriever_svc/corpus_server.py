@@ -13,12 +13,17 @@ A plain number of seconds (e.g. `--latency 0.25`) gives a constant delay. The se
 refuses path traversal (any `..` segment: 403), lists no directories, and records every
 request (path, status, delay) so tests can count what reached it.
 
+It also answers `GET /search?q=...&limit=N` with the site's own search (`site_search`: BM25
+over the root's pages, built when the server starts; JSON; a bad request is a 400 with a
+JSON error), which the crawler takes its start URLs from. `--no-search` turns it off (404).
+
 Only the standard library is imported here: `add_serve_corpus_args` is cheap for the CLI.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import posixpath
 import random
@@ -31,11 +36,16 @@ from functools import partial
 from http import HTTPStatus
 from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import TYPE_CHECKING
 from urllib.parse import unquote, urlsplit
+
+if TYPE_CHECKING:
+    from retriever_svc.site_search import SiteSearch
 
 DEFAULT_ROOT = Path("/usr/share/doc/python3.11/html")
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8765  # servicekit.config.DEFAULT_PORTS["corpus"]
+SEARCH_PATH = "/search"
 
 
 @dataclass(frozen=True)
@@ -101,11 +111,35 @@ class _CorpusHandler(SimpleHTTPRequestHandler):
 
     def do_GET(self) -> None:
         if self._admit():
-            super().do_GET()
+            if urlsplit(self.path).path == SEARCH_PATH:
+                self._search()
+            else:
+                super().do_GET()
 
     def do_HEAD(self) -> None:
         if self._admit():
             super().do_HEAD()
+
+    def _search(self) -> None:
+        from retriever_svc.site_search import SearchRequestError, parse_search_request
+
+        index = self.server.corpus.search_index
+        if index is None:
+            self.send_error(HTTPStatus.NOT_FOUND, "this corpus server has no search")
+            return
+        try:
+            query, limit = parse_search_request(urlsplit(self.path).query)
+        except SearchRequestError as exc:
+            self._send_json(HTTPStatus.BAD_REQUEST, json.dumps({"error": str(exc)}).encode("utf-8"))
+            return
+        self._send_json(HTTPStatus.OK, index.search(query, limit).to_json())
+
+    def _send_json(self, status: HTTPStatus, body: bytes) -> None:
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json; charset=utf-8")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
 
     def send_response(self, code: int, message: str | None = None) -> None:
         if self.record is not None:
@@ -150,16 +184,19 @@ class _CorpusHTTPServer(ThreadingHTTPServer):
 class CorpusServer:
     """Serves `root` over HTTP on `host:port` (0: a free port) with a latency profile.
 
-    `start()` serves from a background thread and returns the base URL; `stop()` ends it.
-    `requests` lists what arrived, in order.
+    `start()` builds the search index (unless `search=False`), then serves from a background
+    thread and returns the base URL; `stop()` ends it. `requests` lists what arrived, in order.
     """
 
     def __init__(self, root: Path | str = DEFAULT_ROOT, host: str = DEFAULT_HOST, port: int = 0,
-                 latency: LatencyProfile | str = "none", seed: int | None = None) -> None:
+                 latency: LatencyProfile | str = "none", seed: int | None = None, search: bool = True) -> None:
         self.root = Path(root)
         if not self.root.is_dir():
             raise FileNotFoundError(f"corpus root {self.root} is not a directory")
         self.latency = latency_profile(latency) if isinstance(latency, str) else latency
+        self.search = search
+        self.search_index: SiteSearch | None = None
+        self.search_build_s = 0.0
         self.stopping = threading.Event()
         self._rng = random.Random(seed)
         self._lock = threading.Lock()
@@ -185,6 +222,10 @@ class CorpusServer:
         return self.url + "index.html"
 
     @property
+    def search_url(self) -> str:
+        return self.url + SEARCH_PATH.lstrip("/")
+
+    @property
     def requests(self) -> list[RequestRecord]:
         with self._lock:
             return list(self._requests)
@@ -204,6 +245,12 @@ class CorpusServer:
             self._requests.append(request)
 
     def start(self) -> str:
+        if self.search and self.search_index is None:
+            from retriever_svc.site_search import SiteSearch
+
+            started = time.monotonic()
+            self.search_index = SiteSearch.build(self.root)
+            self.search_build_s = time.monotonic() - started
         self._thread = threading.Thread(target=self._httpd.serve_forever, args=(0.05,), name="corpus-server",
                                         daemon=True)
         self._thread.start()
@@ -232,12 +279,15 @@ def add_serve_corpus_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--latency", default="none",
                         help=f"per-request delay: {', '.join(LATENCY_PROFILES)} or seconds (default none)")
     parser.add_argument("--latency-seed", type=int, default=None, help="seed the delay draws (reproducible runs)")
+    parser.add_argument("--no-search", dest="search", action="store_false",
+                        help=f"do not serve {SEARCH_PATH} (the site search the crawler starts from)")
 
 
 def run_serve_corpus(args: argparse.Namespace) -> int:
     """Serve until SIGINT/SIGTERM; exit status 2 on a bad root, port or profile."""
     try:
-        server = CorpusServer(args.root, args.host, args.port, args.latency, args.latency_seed)
+        server = CorpusServer(args.root, args.host, args.port, args.latency, args.latency_seed,
+                              search=args.search)
     except (OSError, ValueError) as exc:
         print(f"error: {exc}", flush=True)
         return 2
@@ -245,9 +295,19 @@ def run_serve_corpus(args: argparse.Namespace) -> int:
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: done.set())
     server.start()
-    print(f"corpus {server.root} on {server.url} (latency {server.latency.name})", flush=True)
+    search = (f", search {server.search_url}: {server.search_index.page_count} pages indexed in "
+              f"{server.search_build_s:.1f} s" if server.search_index is not None else "")
+    print(f"corpus {server.root} on {server.url} (latency {server.latency.name}{search})", flush=True)
     try:
         done.wait()
     finally:
         server.stop()
     return 0
+
+
+if __name__ == "__main__":
+    import sys
+
+    from servicekit.config import run_command
+
+    sys.exit(run_command("python -m retriever_svc.corpus_server", add_serve_corpus_args, run_serve_corpus))

@@ -26,6 +26,7 @@ from pathlib import Path
 
 from protos import common_pb2, retriever_pb2
 from retriever_svc.service import InvalidQuery, RetrievalQuery
+from retriever_svc.stability import stability_hints
 from retriever_svc.trace import Trace, TraceChunk, TraceFormatError, TraceQuery, read_trace
 
 MODES = {"append": retriever_pb2.CHUNK_MODE_APPEND, "update": retriever_pb2.CHUNK_MODE_UPDATE}
@@ -42,11 +43,16 @@ def stable_index(text: str, n: int) -> int:
     return int.from_bytes(digest[:8], "big") % n
 
 
-def chunk_to_proto(chunk: TraceChunk) -> retriever_pb2.ContextChunk:
-    """A trace chunk as the `ContextChunk` a retriever streams (seq and emission time left unset)."""
+def chunk_to_proto(chunk: TraceChunk, previous_update: list[str] | None = None) -> retriever_pb2.ContextChunk:
+    """A trace chunk as the `ContextChunk` a retriever streams (seq and emission time left unset).
+    An update carries the stability hints of `stability_hints` against the previous update's ids."""
+    hints = [None] * len(chunk.documents)
+    if chunk.mode == "update":
+        hints = stability_hints(previous_update, [d.id for d in chunk.documents], chunk.final)
     out = retriever_pb2.ContextChunk(mode=MODES[chunk.mode], final=chunk.final, documents=[
-        common_pb2.Document(id=d.id, title=d.title, url=d.url, text=d.text, score=d.score, source="replay")
-        for d in chunk.documents])
+        common_pb2.Document(id=d.id, title=d.title, url=d.url, text=d.text, score=d.score, source="replay",
+                            stability=hint)
+        for d, hint in zip(chunk.documents, hints, strict=True)])
     if chunk.stage is not None:
         out.stage.index = chunk.stage.index
         out.stage.search_list_size = chunk.stage.search_list_size
@@ -88,11 +94,14 @@ class ReplayBackend:
         record = self.select(query)
         loop = asyncio.get_running_loop()
         started = loop.time()
+        previous_update: list[str] | None = None
         for chunk in record.chunks:
             delay = started + chunk.t_s * self.time_scale - loop.time()
             if delay > 0:
                 await asyncio.sleep(delay)      # absolute targets: no drift; cancellable
-            yield chunk_to_proto(chunk)
+            yield chunk_to_proto(chunk, previous_update)
+            if chunk.mode == "update":
+                previous_update = [d.id for d in chunk.documents]
 
     def describe(self) -> retriever_pb2.RetrieverInfo:
         queries = self.trace.queries

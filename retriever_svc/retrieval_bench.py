@@ -20,6 +20,8 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from servicekit.stats import percentile
+
 SENTENCE_END = re.compile(r"(?<=[.!?])\s+")
 # The targets for the early results.
 TARGET_FIRST_EMIT_RATIO = 0.25
@@ -41,10 +43,8 @@ def derive_queries(texts: Sequence[str], count: int, seed: int = 0) -> list[str]
 
 
 def percentiles(values_s: Sequence[float]) -> dict[str, float]:
-    import numpy as np
-
-    ms = np.asarray(values_s) * 1000
-    return {"p50": round(float(np.percentile(ms, 50)), 3), "p95": round(float(np.percentile(ms, 95)), 3)}
+    ms = [v * 1000 for v in values_s]
+    return {"p50": round(percentile(ms, 50), 3), "p95": round(percentile(ms, 95), 3)}
 
 
 def run_bench(index, schedule: Sequence[int], beam_width: int, k: int = 10, queries: int = 200,

@@ -46,3 +46,12 @@ async def serve(args: argparse.Namespace) -> None:
 def main(args: argparse.Namespace) -> int:
     asyncio.run(serve(args))
     return 0
+
+
+if __name__ == "__main__":
+    import sys
+
+    from retriever_svc.server_args import add_retriever_args
+    from servicekit.config import run_command
+
+    sys.exit(run_command("python -m retriever_svc.server", add_retriever_args, main))

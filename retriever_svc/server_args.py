@@ -8,6 +8,12 @@ from pathlib import Path
 from servicekit.config import DEFAULT_PORTS, add_service_args, env_default
 
 KINDS = ["anns", "crawler", "replay"]
+# The crawler's defaults (retriever_svc.crawler.CrawlerSettings uses these too).
+SEARCH_AT_START_SITE = "auto"          # --search-url: /search on the first start URL's site
+CRAWLER_SEEDS = 5
+CRAWLER_MIN_RELEVANCE = 0.25           # calibrated in docs/benchmarks.md (retrieval quality)
+CRAWLER_MAX_PAGES = 30
+CRAWLER_MAX_DEPTH = 2
 
 
 def add_retriever_args(parser: argparse.ArgumentParser) -> None:
@@ -23,11 +29,21 @@ def add_retriever_args(parser: argparse.ArgumentParser) -> None:
     anns.add_argument("--beam-width", type=int, default=env("beam_width", 8))
     crawler = parser.add_argument_group("crawler")
     crawler.add_argument("--start-url", action="append", default=None,
-                         help="where crawls start (default: the corpus server's index page)")
+                         help="the site to crawl (default: the corpus server's index page); with --search-url none "
+                              "crawls start here")
     crawler.add_argument("--allow-host", action="append", default=None,
                          help="hosts the crawler may fetch (default: the start URLs' hosts)")
-    crawler.add_argument("--max-pages", type=int, default=env("max_pages", 30))
-    crawler.add_argument("--max-depth", type=int, default=env("max_depth", 2))
+    crawler.add_argument("--search-url", default=env("search_url", SEARCH_AT_START_SITE),
+                         help="site search that gives each crawl its start pages (default auto: /search on the "
+                              "first start URL's site, as the corpus server serves it); none: crawl from the "
+                              "start URLs")
+    crawler.add_argument("--seeds", type=int, default=env("seeds", CRAWLER_SEEDS),
+                         help="search hits a crawl starts from")
+    crawler.add_argument("--min-relevance", type=float, default=env("min_relevance", CRAWLER_MIN_RELEVANCE),
+                         help="pages less relevant to the query than this (0..1) are dropped")
+    crawler.add_argument("--max-pages", type=int, default=env("max_pages", CRAWLER_MAX_PAGES))
+    crawler.add_argument("--max-depth", type=int, default=env("max_depth", CRAWLER_MAX_DEPTH),
+                         help="link levels below the seeds")
     replay = parser.add_argument_group("replay")
     replay.add_argument("--trace", type=Path, default=env("trace", None), help="trace file (JSON lines)")
     replay.add_argument("--time-scale", type=float, default=env("time_scale", 1.0),

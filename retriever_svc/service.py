@@ -3,8 +3,9 @@
 A retriever kind is a `RetrieverBackend`: it turns a validated query into an async stream
 of `ContextChunk`s and describes itself. This module owns everything common: input
 validation (empty or oversize query, top-k out of range, unknown options →
-INVALID_ARGUMENT), the deadline, cancellation (the backend's generator is closed promptly
-when the client goes away), sequence numbers and emission timestamps, and metrics.
+INVALID_ARGUMENT), a backend's `RetrieverUnavailable` (→ UNAVAILABLE), the deadline,
+cancellation (the backend's generator is closed promptly when the client goes away),
+sequence numbers and emission timestamps, and metrics.
 """
 
 from __future__ import annotations
@@ -49,6 +50,10 @@ class RetrieverBackend(Protocol):
 
 class InvalidQuery(ValueError):
     pass
+
+
+class RetrieverUnavailable(RuntimeError):
+    """Something the backend depends on (e.g. the crawler's site search) cannot serve this query: UNAVAILABLE."""
 
 
 def validate(request: retriever_pb2.RetrieveRequest, backend: RetrieverBackend) -> RetrievalQuery:
@@ -115,6 +120,9 @@ class RetrieverServicer(retriever_pb2_grpc.RetrieverServicer):
         except InvalidQuery as exc:   # what only the backend can judge (replay: an unknown query_id)
             self.metrics.errors.labels("INVALID_ARGUMENT").inc()
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        except RetrieverUnavailable as exc:
+            self.metrics.errors.labels("UNAVAILABLE").inc()
+            await context.abort(grpc.StatusCode.UNAVAILABLE, str(exc))
         finally:
             await chunks.aclose()
             self.metrics.duration.observe(time.monotonic() - started)

@@ -20,7 +20,7 @@ shift || true
 STEPS=${*:-traces crawler crawler-high anns pressure-crawler pressure-anns}
 QUERIES=${QUERIES:-30}
 SR=${SR:-.venv/bin/streamrag}
-COMMON=(--token-budget 256 --dtype bfloat16)
+COMMON=(--token-budget 256 --dtype auto)   # auto: bf16 where the CPU has it natively, else fp32
 mkdir -p "$OUT"
 
 for step in $STEPS; do

@@ -48,7 +48,8 @@ if ! .venv/bin/python - <<'PY'
 import sys
 from inference_svc.embedded_model import default_cache_dir, embedded_model_dir
 from inference_svc.engine.cost_model import profile_path
-sys.exit(0 if profile_path(default_cache_dir(), "cpu", embedded_model_dir().name, "bfloat16").exists() else 1)
+from servicekit.hardware import resolve_dtype
+sys.exit(0 if profile_path(default_cache_dir(), "cpu", embedded_model_dir().name, resolve_dtype("auto")).exists() else 1)
 PY
 then
   step "profiling recompute and swap latency for the cost model (about a minute)"

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -91,3 +92,15 @@ def service_config_from_args(service: str, args: argparse.Namespace) -> ServiceC
         raise SystemExit(f"error: --port {args.port} is not a valid port")
     metrics = None if args.metrics_port is not None and args.metrics_port < 0 else args.metrics_port
     return ServiceConfig(service=service, host=args.host, port=args.port, metrics_port=metrics, grace_s=args.grace)
+
+
+def run_command(prog: str, add_args: Callable[[argparse.ArgumentParser], None],
+                handler: Callable[[argparse.Namespace], int], argv: list[str] | None = None) -> int:
+    """`python -m <service module> ...`: the same flags and handler as `streamrag serve ...`, without
+    the CLI package (a compose image holds only its own service's package)."""
+    parser = argparse.ArgumentParser(prog=prog)
+    add_args(parser)
+    try:
+        return handler(parser.parse_args(argv))
+    except KeyboardInterrupt:
+        return 130

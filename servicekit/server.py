@@ -1,8 +1,9 @@
 """Start a `grpc.aio` server the way every streamrag service does.
 
 One call gives a service: its servicers, `grpc.health.v1` health checking (per service name
-and overall), server reflection, a Prometheus metrics HTTP endpoint, and graceful shutdown
-on SIGTERM/SIGINT (health flips to NOT_SERVING, in-flight RPCs get `grace_s` to finish).
+and overall), server reflection, a Prometheus metrics HTTP endpoint, graceful shutdown
+on SIGTERM/SIGINT (health flips to NOT_SERVING, in-flight RPCs get `grace_s` to finish), and
+INVALID_ARGUMENT for request bytes that do not parse (`RejectUndecodableRequests`).
 
     runner = ServiceRunner(config, [(inference_pb2_grpc.add_InferenceServicer_to_server, servicer)],
                            [inference_pb2.DESCRIPTOR.services_by_name["Inference"].full_name])
@@ -13,6 +14,8 @@ on SIGTERM/SIGINT (health flips to NOT_SERVING, in-flight RPCs get `grace_s` to 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import inspect
 import logging
 import signal
 from collections.abc import Callable, Sequence
@@ -30,6 +33,82 @@ log = logging.getLogger(__name__)
 AddServicerFn = Callable[[Any, grpc.aio.Server], None]
 # Messages up to 64 MiB: a retrieval chunk carries whole documents.
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024
+
+
+class UndecodableRequest(ValueError):
+    """A request message whose bytes do not parse (corrupt wire format, a string that is not
+    UTF-8). Raised where a handler reads a request stream; a servicer that reads in a task of
+    its own answers it with INVALID_ARGUMENT itself."""
+
+
+class _Undecodable:
+    """What a unary request's deserializer gives instead of a message (it runs before the handler)."""
+
+    def __init__(self, error: str) -> None:
+        self.error = error
+
+
+class RejectUndecodableRequests(grpc.aio.ServerInterceptor):
+    """Answer request bytes that do not parse with INVALID_ARGUMENT, logged as a warning (gRPC's
+    own answer is UNKNOWN "Unexpected DecodeError", logged as a servicer exception).
+
+    Every async handler gets a deserializer that catches the parse error: for a unary request it
+    returns a marker the wrapped handler aborts on; in a request stream it raises
+    `UndecodableRequest` where the handler reads, and the call is aborted if that escapes it."""
+
+    def __init__(self) -> None:
+        self._handlers: dict[str, tuple[Any, Any]] = {}   # method -> (gRPC's handler, wrapped)
+
+    async def intercept_service(self, continuation, handler_call_details):
+        handler = await continuation(handler_call_details)
+        if handler is None or handler.request_deserializer is None:
+            return handler
+        method = handler_call_details.method
+        known = self._handlers.get(method)
+        if known is None or known[0] is not handler:
+            known = self._handlers[method] = (handler, _tolerant(handler, method))
+        return known[1]
+
+
+def _tolerant(handler, method: str):
+    """`handler` with a deserializer that catches parse errors and a behavior that answers them."""
+    kind = f"{'stream' if handler.request_streaming else 'unary'}_{'stream' if handler.response_streaming else 'unary'}"
+    behavior, parse = getattr(handler, kind), handler.request_deserializer
+    if not (inspect.iscoroutinefunction(behavior) or inspect.isasyncgenfunction(behavior)):
+        return handler   # a sync handler: left as it is
+
+    def deserialize(data: bytes):
+        try:
+            return parse(data)
+        except Exception as exc:   # protobuf's DecodeError
+            log.warning("%s: undecodable request message (%d bytes): %s", method, len(data), exc)
+            if handler.request_streaming:
+                raise UndecodableRequest(f"undecodable request message: {exc}") from None
+            return _Undecodable(str(exc))
+
+    async def check(request, context) -> None:
+        if isinstance(request, _Undecodable):
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"undecodable request message: {request.error}")
+
+    if inspect.iscoroutinefunction(behavior):
+        async def wrapped(request, context):
+            await check(request, context)
+            try:
+                return await behavior(request, context)
+            except UndecodableRequest as exc:
+                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+    else:
+        async def wrapped(request, context):
+            await check(request, context)
+            try:
+                async with contextlib.aclosing(behavior(request, context)) as responses:
+                    async for response in responses:
+                        yield response
+            except UndecodableRequest as exc:
+                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+
+    make = getattr(grpc, f"{kind}_rpc_method_handler")
+    return make(wrapped, request_deserializer=deserialize, response_serializer=handler.response_serializer)
 
 
 class ServiceRunner:
@@ -52,7 +131,7 @@ class ServiceRunner:
         self._metrics_httpd = None
         self.port: int | None = None
         self.metrics_port: int | None = None
-        self.server = grpc.aio.server(options=[
+        self.server = grpc.aio.server(interceptors=[RejectUndecodableRequests()], options=[
             ("grpc.max_receive_message_length", max_message_bytes),
             ("grpc.max_send_message_length", max_message_bytes),
         ])

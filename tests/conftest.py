@@ -1,7 +1,8 @@
 """Fixtures and opt-in markers shared by every suite.
 
-Markers `slow`, `cuda` and `vllm` are skipped unless asked for:
+Markers `slow`, `cuda`, `vllm` and `compose` are skipped unless asked for:
     bash scripts/test.sh --run-slow --run-cuda --run-vllm
+    bash scripts/test.sh tests/compose --run-compose     # builds and runs the compose stack (dockerd)
 """
 
 from __future__ import annotations
@@ -21,7 +22,12 @@ OPT_IN = {
     "slow": "slow test: run with --run-slow",
     "cuda": "needs an NVIDIA GPU: run with --run-cuda on a CUDA machine",
     "vllm": "needs the vllm extra (pip install -e '.[vllm]'): run with --run-vllm",
+    "compose": "builds and runs the compose stack (needs dockerd and docker-compose): run with --run-compose",
 }
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "compose: builds and runs the compose stack (run with --run-compose)")
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

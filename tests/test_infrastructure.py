@@ -29,14 +29,14 @@ def test_tiny_corpus_pages_link_to_existing_pages(tiny_corpus: Path):
 
 
 def test_cli_help_lists_the_commands():
-    out = subprocess.run([sys.executable, "-m", "orchestrator.cli", "--help"], cwd=REPO,
+    out = subprocess.run([sys.executable, "-m", "streamrag.cli", "--help"], cwd=REPO,
                          capture_output=True, text=True, check=True).stdout
     for command in ("model", "demo"):
         assert command in out
 
 
 def test_cli_reports_an_unknown_command_without_a_traceback():
-    proc = subprocess.run([sys.executable, "-m", "orchestrator.cli", "no-such-command"], cwd=REPO,
+    proc = subprocess.run([sys.executable, "-m", "streamrag.cli", "no-such-command"], cwd=REPO,
                           capture_output=True, text=True)
     assert proc.returncode == 2
     assert "invalid choice" in proc.stderr and "Traceback" not in proc.stderr

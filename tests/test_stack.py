@@ -1,19 +1,18 @@
 """`streamrag up | status | down`: the whole stack as processes, through the console script.
 
 The end-to-end tests run the real services (model, DiskANN index, crawler, Redis) on the tiny
-corpus, on ports shifted by a `--port-offset` that puts every port outside the kernel's
-ephemeral range (so they never collide with a real stack or another test's free port), with
-a temporary run directory. The plan and health-check tests below them need no services.
+corpus, every one on a port the kernel picks (`up --free-ports`), with a temporary run
+directory: one goes through up, status, an Ask, `up` on a partly-down stack and down; the
+other kills services with SIGKILL and checks that the supervisor starts them again and the
+orchestrator uses them again. The plan, supervisor and health-check tests below them need no
+services.
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
-import io
 import json
 import os
-import random
 import signal
 import subprocess
 import sys
@@ -23,46 +22,18 @@ from pathlib import Path
 import grpc
 import pytest
 
-from orchestrator import stack
-from orchestrator.cli import build_parser
 from protos import orchestrator_pb2, orchestrator_pb2_grpc
-from servicekit.config import DEFAULT_PORTS, metrics_port_for
+from servicekit import health
+from streamrag.cli import build_parser
+from streamrag.stack import commands, plan, processes, state, supervisor
 
 STREAMRAG = Path(sys.executable).with_name("streamrag")
 SERVICES = {"redis", "corpus", "anns", "crawler", "inference-0", "orchestrator"}
 
 
-def stack_commands_wired() -> bool:
-    parser = build_parser()
-    try:
-        with contextlib.redirect_stderr(io.StringIO()):
-            for command in ("up", "status", "down"):
-                parser.parse_args([command])
-    except SystemExit:
-        return False
-    return True
-
-
-needs_wiring = pytest.mark.skipif(not stack_commands_wired(),
-                                  reason="`streamrag up/status/down` are not wired in orchestrator/cli.py yet")
 def streamrag(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
     return subprocess.run([str(STREAMRAG), *args], capture_output=True, text=True, timeout=timeout,
                           env=dict(os.environ, HF_HUB_OFFLINE="1"))
-
-
-def stack_ports(offset: int, replicas: int = 1) -> list[int]:
-    ports = [port + offset for name, port in DEFAULT_PORTS.items() if name != "inference"]
-    ports += [DEFAULT_PORTS["inference"] + offset + i for i in range(replicas)]
-    ports += [metrics_port_for(name) + offset for name in ("orchestrator", "anns", "crawler")]
-    return ports + [metrics_port_for("inference", i) + offset for i in range(replicas)]
-
-
-def free_offset() -> int:
-    """An offset whose gRPC ports land above the ephemeral range (61000+) and are all free."""
-    for offset in random.sample(range(10_949, 15_400), 200):
-        if not any(stack.port_in_use(port) for port in stack_ports(offset)):
-            return offset
-    raise RuntimeError("no free port offset")
 
 
 def processes_in(run_dir: Path) -> list[int]:
@@ -71,7 +42,7 @@ def processes_in(run_dir: Path) -> list[int]:
     for proc in Path("/proc").iterdir():
         if proc.name.isdigit():
             try:
-                if Path(os.readlink(proc / "cwd")) == run_dir and stack.process_start_ticks(int(proc.name)):
+                if Path(os.readlink(proc / "cwd")) == run_dir and processes.process_start_ticks(int(proc.name)):
                     found.append(int(proc.name))
             except OSError:
                 continue
@@ -80,9 +51,12 @@ def processes_in(run_dir: Path) -> list[int]:
 
 @pytest.fixture
 def run_dir(tmp_path: Path):
-    """A run directory; whatever a failed test left running there is stopped afterwards."""
+    """A run directory; whatever a failed test left running there is stopped afterwards (supervisor first)."""
     directory = (tmp_path / "run").resolve()
     yield directory
+    recorded = state.read_state(directory)
+    if recorded is not None and recorded.supervisor is not None and processes.is_running(recorded.supervisor):
+        os.kill(recorded.supervisor.pid, signal.SIGKILL)
     for pid in processes_in(directory):
         os.kill(pid, signal.SIGKILL)
 
@@ -94,62 +68,156 @@ def tiny_index(tmp_path_factory) -> Path:
     return build_tiny_index(tmp_path_factory.mktemp("tiny"))
 
 
-@needs_wiring
-def test_up_status_ask_down(tiny_corpus: Path, tmp_path: Path, run_dir: Path):
-    offset, index = free_offset(), tmp_path / "index"
-    up_args = ["up", "--run-dir", str(run_dir), "--port-offset", str(offset), "--replicas", "1",
-               "--corpus-root", str(tiny_corpus), "--index", str(index), "--timeout", "240"]
+def up_tiny_stack(run_dir: Path, tiny_index: Path) -> list[str]:
+    """`streamrag up` on the tiny corpus, every port a free one; returns the up arguments."""
+    up_args = ["up", "--run-dir", str(run_dir), "--free-ports", "--replicas", "1",
+               "--corpus-root", str(tiny_index.parent / "site"), "--index", str(tiny_index), "--timeout", "240"]
+    up = streamrag(*up_args)
+    assert up.returncode == 0, up.stdout + up.stderr
+    return up_args
+
+
+def services_of(run_dir: Path) -> dict[str, plan.Service]:
+    return {s.name: s for s in state.read_state(run_dir).services}
+
+
+def status_rows(run_dir: Path) -> tuple[subprocess.CompletedProcess, dict[str, str]]:
+    status = streamrag("status", "--run-dir", str(run_dir))
+    lines = status.stdout.splitlines()
+    return status, {line.split()[0]: line for line in lines[1:] if line.split()[0] in SERVICES}
+
+
+def ask(orchestrator: str, question: str = "How do I close a file?") -> orchestrator_pb2.AskDone:
+    with grpc.insecure_channel(orchestrator) as channel:
+        request = orchestrator_pb2.AskRequest(question=question, retriever=orchestrator_pb2.RETRIEVER_CHOICE_ANNS,
+                                              max_tokens=8)
+        events = [r.event for r in orchestrator_pb2_grpc.OrchestratorStub(channel).Ask(request, timeout=120)]
+    assert events[-1].WhichOneof("kind") == "done" and events[-1].done.answer, events[-1]
+    return events[-1].done
+
+
+def get_request(orchestrator: str, request_id: str) -> orchestrator_pb2.RequestRecord:
+    with grpc.insecure_channel(orchestrator) as channel:
+        return orchestrator_pb2_grpc.OrchestratorStub(channel).GetRequest(
+            orchestrator_pb2.GetRequestRequest(request_id=request_id), timeout=30).record
+
+
+def wait_gone(pid: int, seconds: float = 30) -> None:
+    deadline = time.monotonic() + seconds
+    while processes.process_start_ticks(pid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+
+
+def test_up_status_ask_up_on_a_partly_down_stack_and_down(tiny_index: Path, tmp_path: Path, run_dir: Path):
+    index = tmp_path / "index"
+    up_args = ["up", "--run-dir", str(run_dir), "--free-ports", "--replicas", "1",
+               "--corpus-root", str(tiny_index.parent / "site"), "--index", str(index), "--timeout", "240"]
     up = streamrag(*up_args)
     assert up.returncode == 0, up.stdout + up.stderr
     assert "index" in up.stdout and (index / "manifest.json").is_file(), "up should have built the missing index"
 
-    state = json.loads((run_dir / "state.json").read_text())
-    assert {s["name"] for s in state["services"]} == SERVICES
-    pids = {s["name"]: s["pid"] for s in state["services"]}
+    recorded = json.loads((run_dir / "state.json").read_text())
+    assert {s["name"] for s in recorded["services"]} == SERVICES
+    pids = {s["name"]: s["pid"] for s in recorded["services"]}
     for name, pid in pids.items():
         assert (run_dir / f"{name}.pid").read_text().strip() == str(pid)
         assert (run_dir / "logs" / f"{name}.log").is_file()
+    watcher = recorded["supervisor"]
+    assert watcher and processes.is_running(plan.Service(**watcher))
+    ports = [port for s in recorded["services"] for port in s["ports"]]
+    assert len(ports) == len(set(ports)) == 10 and not set(ports) & {50051, 50052, 50061, 50062, 8765}
 
-    status = streamrag("status", "--run-dir", str(run_dir))
+    status, rows = status_rows(run_dir)
     assert status.returncode == 0, status.stdout + status.stderr
-    rows = {line.split()[0]: line for line in status.stdout.splitlines()[1:-1]}
     assert set(rows) == SERVICES
     assert all(" healthy " in row for row in rows.values()), status.stdout
     assert "KV free/total blocks" in rows["inference-0"] and "anns" in rows["anns"]
+    assert f"supervisor: pid {watcher['pid']}" in status.stdout
 
     again = streamrag(*up_args)
     assert again.returncode == 0 and "already up" in again.stdout, again.stdout + again.stderr
 
-    orchestrator = f"127.0.0.1:{DEFAULT_PORTS['orchestrator'] + offset}"
-    with grpc.insecure_channel(orchestrator) as channel:
-        request = orchestrator_pb2.AskRequest(question="How do I close a file?",
-                                              retriever=orchestrator_pb2.RETRIEVER_CHOICE_ANNS, max_tokens=8)
-        events = [r.event for r in orchestrator_pb2_grpc.OrchestratorStub(channel).Ask(request, timeout=120)]
-    assert events[-1].WhichOneof("kind") == "done" and events[-1].done.answer
+    orchestrator = services_of(run_dir)["orchestrator"].target
+    done = ask(orchestrator)
+    assert done.replica == services_of(run_dir)["inference-0"].target
 
-    os.kill(pids["crawler"], signal.SIGTERM)           # one service goes away: status and up say so
-    deadline = time.monotonic() + 30
-    while stack.process_start_ticks(pids["crawler"]) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    status = streamrag("status", "--run-dir", str(run_dir))
+    os.kill(watcher["pid"], signal.SIGKILL)            # nothing watches the stack now
+    os.kill(pids["crawler"], signal.SIGKILL)           # and one service goes away: status says so
+    wait_gone(pids["crawler"])
+    status, rows = status_rows(run_dir)
     assert status.returncode == 1 and "down: crawler" in status.stdout, status.stdout
-    partly = streamrag(*up_args)
-    assert partly.returncode == 1 and "partly down (crawler" in partly.stderr, partly.stdout + partly.stderr
+    assert "supervisor: not running" in status.stdout
+    partly = streamrag(*up_args)                        # up starts only what is down, and a supervisor
+    assert partly.returncode == 0, partly.stdout + partly.stderr
+    assert "partly down (crawler not running)" in partly.stdout, partly.stdout
+    now = services_of(run_dir)
+    assert now["crawler"].pid != pids["crawler"] and processes.is_running(now["crawler"])
+    assert {name: s.pid for name, s in now.items() if name != "crawler"} == \
+        {name: pid for name, pid in pids.items() if name != "crawler"}
+    assert streamrag("status", "--run-dir", str(run_dir)).returncode == 0
+    new_watcher = state.read_state(run_dir).supervisor
+    assert new_watcher.pid != watcher["pid"] and processes.is_running(new_watcher)
 
     down = streamrag("down", "--run-dir", str(run_dir))
     assert down.returncode == 0, down.stdout + down.stderr
-    assert not [name for name, pid in pids.items() if stack.process_start_ticks(pid)], "a service outlived down"
+    live = [s.name for s in [*now.values(), new_watcher] if processes.is_running(s)]
+    assert not live, f"{live} outlived down"
     assert processes_in(run_dir) == []
     assert not list(run_dir.glob("*.pid")) and not (run_dir / "state.json").exists()
     assert streamrag("status", "--run-dir", str(run_dir)).returncode == 1
 
 
-@needs_wiring
+def test_killed_services_come_back_and_are_used_again(tiny_index: Path, run_dir: Path):
+    up_tiny_stack(run_dir, tiny_index)
+    before = services_of(run_dir)
+    orchestrator = before["orchestrator"].target
+    first = ask(orchestrator)
+    time.sleep(2)                                       # Redis syncs its append-only file every second
+
+    victims = ["inference-0", "anns", "redis"]
+    for name in victims:
+        os.kill(before[name].pid, signal.SIGKILL)
+    deadline = time.monotonic() + 240                   # generous: the replica reloads the model
+    while True:
+        status, rows = status_rows(run_dir)
+        now = services_of(run_dir)
+        if status.returncode == 0 and all(now[name].restarts >= 1 for name in victims):
+            break
+        assert time.monotonic() < deadline, f"not back after 240 s:\n{status.stdout}"
+        time.sleep(2)
+    for name in victims:
+        assert now[name].pid != before[name].pid and now[name].last_exit, now[name]
+        assert " healthy " in rows[name] and rows[name].split()[4] == "1", rows[name]
+    assert all(now[name].restarts == 0 for name in SERVICES - set(victims))
+    log = (run_dir / "logs" / "supervisor.log").read_text()
+    assert all(f"{name} started again" in log for name in victims), log
+
+    # The orchestrator uses them again: its only replica answers, with ANNS context.
+    deadline = time.monotonic() + 120
+    while True:
+        try:
+            again = ask(orchestrator, "How do I read a file?")
+            record = get_request(orchestrator, again.request_id)
+            if any(e.kind == "RETRIEVAL_CHUNK" and e.fields.get("source") == "anns" for e in record.events):
+                break
+        except grpc.RpcError:
+            pass
+        assert time.monotonic() < deadline, "the orchestrator did not use the restarted replica and retriever"
+        time.sleep(2)
+    assert again.replica == now["inference-0"].target
+    # What Redis held before it was killed is still there (append-only file).
+    assert get_request(orchestrator, first.request_id).state == orchestrator_pb2.REQUEST_STATE_FINISHED
+
+    down = streamrag("down", "--run-dir", str(run_dir))
+    assert down.returncode == 0, down.stdout + down.stderr
+    assert processes_in(run_dir) == []
+
+
 def test_a_service_that_fails_is_named_with_its_log_and_nothing_stays_up(tiny_index: Path, tmp_path: Path,
                                                                           run_dir: Path):
     not_a_model = tmp_path / "not-a-model"
     not_a_model.mkdir()
-    up = streamrag("up", "--run-dir", str(run_dir), "--port-offset", str(free_offset()),
+    up = streamrag("up", "--run-dir", str(run_dir), "--free-ports",
                    "--corpus-root", str(tiny_index.parent / "site"), "--index", str(tiny_index),
                    "--model", str(not_a_model), "--timeout", "120")
     assert up.returncode == 1
@@ -163,7 +231,7 @@ def test_a_service_that_fails_is_named_with_its_log_and_nothing_stays_up(tiny_in
 
 def up_args(**overrides) -> argparse.Namespace:
     parser = argparse.ArgumentParser()
-    stack.add_up_args(parser)
+    commands.add_up_args(parser)
     args = parser.parse_args([])
     for key, value in overrides.items():
         setattr(args, key, value)
@@ -171,12 +239,12 @@ def up_args(**overrides) -> argparse.Namespace:
 
 
 def test_every_planned_command_is_one_the_cli_accepts():
-    services = stack.plan_stack(up_args(replicas=3, port_offset=7), Path("/tmp/index"), redis_port=6386)
+    services = plan.plan_stack(up_args(replicas=3, port_offset=7), Path("/tmp/index"), redis_port=6386)
     parser = build_parser()
     for service in services:
         if service.kind == "redis":
             continue
-        assert service.argv[:3] == [sys.executable, "-m", "orchestrator.cli"]
+        assert service.argv[:3] == [sys.executable, "-m", "streamrag.cli"]
         args = parser.parse_args(service.argv[3:])
         assert args.host == "127.0.0.1"
         assert args.port == int(service.target.rsplit(":", 1)[1].split("/")[0])
@@ -186,71 +254,180 @@ def test_every_planned_command_is_one_the_cli_accepts():
 
 
 def test_the_plan_binds_each_port_once_even_with_the_most_replicas():
-    services = stack.plan_stack(up_args(replicas=stack.MAX_REPLICAS), Path("/tmp/index"), redis_port=6379)
+    services = plan.plan_stack(up_args(replicas=plan.MAX_REPLICAS), Path("/tmp/index"), redis_port=6379)
     ports = [port for s in services for port in s.ports]
     assert len(ports) == len(set(ports))
     assert {s.name for s in services} >= {"redis", "corpus", "anns", "crawler", "orchestrator", "inference-8"}
 
 
 def test_an_external_redis_is_neither_started_nor_stopped():
-    services = stack.plan_stack(up_args(redis="redis://10.0.0.5:6379/2"), Path("/tmp/index"), redis_port=6379)
+    services = plan.plan_stack(up_args(redis="redis://10.0.0.5:6379/2"), Path("/tmp/index"), redis_port=6379)
     redis = services[0]
     assert redis.argv is None and redis.ports == []
-    assert stack.stop_in_order(services, timeout_s=0.1) == []
+    assert processes.stop_in_order(services, timeout_s=0.1) == []
     assert "--redis" in services[-1].argv and "redis://10.0.0.5:6379/2" in services[-1].argv
 
 
 def test_health_checks_say_why_a_service_is_down():
-    port = stack.free_port()
-    assert stack.check_health("grpc", f"127.0.0.1:{port}", 0.5) is not None
-    assert stack.check_health("http", f"http://127.0.0.1:{port}/index.html", 0.5) is not None
-    assert stack.check_health("redis", f"redis://127.0.0.1:{port}/0", 0.5) is not None
-    probe = subprocess.run([sys.executable, "-m", "orchestrator.stack", "probe", "grpc", f"127.0.0.1:{port}",
+    port = processes.free_port()
+    assert health.check_health("grpc", f"127.0.0.1:{port}", 0.5) is not None
+    assert health.check_health("http", f"http://127.0.0.1:{port}/index.html", 0.5) is not None
+    assert health.check_health("redis", f"redis://127.0.0.1:{port}/0", 0.5) is not None
+    probe = subprocess.run([sys.executable, "-m", "servicekit.health", "grpc", f"127.0.0.1:{port}",
                             "--timeout", "0.5"], capture_output=True, text=True, timeout=60)
     assert probe.returncode == 1 and f"127.0.0.1:{port}" in probe.stderr
 
 
 def test_redis_health_is_a_ping(redis_server):
-    assert stack.check_health("redis", redis_server.url) is None
+    assert health.check_health("redis", redis_server.url) is None
 
 
 def test_a_reused_pid_is_not_the_process_up_started():
-    me = stack.Service("x", "corpus", "", ["x"], pid=os.getpid(), started=stack.process_start_ticks(os.getpid()))
-    assert stack.is_running(me)
+    me = plan.Service("x", "corpus", "", ["x"], pid=os.getpid(), started=processes.process_start_ticks(os.getpid()))
+    assert processes.is_running(me)
     me.started = (me.started or 0) - 1
-    assert not stack.is_running(me)
+    assert not processes.is_running(me)
 
 
 def test_up_refuses_an_unknown_latency_profile_before_starting_anything(tmp_path: Path, capsys):
-    assert stack.run_up(up_args(latency="fast", run_dir=tmp_path / "run")) == 2
+    assert commands.run_up(up_args(latency="fast", run_dir=tmp_path / "run")) == 2
     assert "--latency" in capsys.readouterr().err
     assert not (tmp_path / "run").exists()
 
 
 def test_status_and_down_with_no_stack(tmp_path: Path, capsys):
     args = argparse.Namespace(run_dir=tmp_path, timeout=1.0)
-    assert stack.run_status(args) == 1
-    assert stack.run_down(args) == 0
+    assert commands.run_status(args) == 1
+    assert commands.run_down(args) == 0
     assert "no stack is up" in capsys.readouterr().out
 
 
-def test_a_dead_stack_is_forgotten_and_a_half_dead_one_refused(tmp_path: Path, capsys):
-    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+def sleeper() -> list[str]:
+    return [sys.executable, "-c", "import time; time.sleep(120)"]
+
+
+def test_a_dead_stack_is_forgotten(tmp_path: Path):
+    dead = plan.Service("anns", "retriever", "127.0.0.1:1", sleeper(), pid=os.getpid(), started=-1)
+    orchestrator = plan.Service("orchestrator", "orchestrator", "127.0.0.1:2", sleeper(), pid=os.getpid(), started=-1)
+    state.write_state(tmp_path, state.StackState({"replicas": 1, "policy": "fcfs"}, [dead, orchestrator]))
+    assert commands.already_up(tmp_path) is None
+    assert state.read_stack(tmp_path) is None
+
+
+def test_the_plan_keeps_redis_data_in_an_append_only_file_and_knows_the_replay_address():
+    services = plan.plan_stack(up_args(port_offset=3), Path("/tmp/index"), redis_port=6382)
+    redis = services[0].argv
+    assert redis[redis.index("--appendonly") + 1] == "yes" and redis[redis.index("--dir") + 1] == "redis"
+    assert plan.replay_target(services) == "127.0.0.1:50066"
+    assert build_parser().parse_args(services[-1].argv[3:]).replay == "127.0.0.1:50066"
+
+
+def test_free_ports_gives_every_service_its_own_port_from_the_kernel():
+    services = plan.plan_stack(up_args(replicas=3, free_ports=True), Path("/tmp/index"),
+                               redis_port=processes.free_port(), free_port=processes.free_port)
+    ports = [port for s in services for port in s.ports]
+    assert len(ports) == len(set(ports)) == 14
+    assert not set(ports) & {50051, 50052, 50053, 50054, 50061, 50062, 8765, 9100}
+    assert plan.replay_target(services) not in {s.target for s in services}
+
+
+# ---------------------------------------------------------------- the supervisor, in this process
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def watched(tmp_path: Path):
+    """A run directory with one sleeping service and this test process recorded as its supervisor."""
+    (tmp_path / "logs").mkdir()
+    service = plan.Service("corpus", "corpus", "http://127.0.0.1:1/", sleeper())
+    first = processes.start_service(service, tmp_path)
+    me = plan.Service("supervisor", "supervisor", str(tmp_path), ["x"], pid=os.getpid(),
+                      started=processes.process_start_ticks(os.getpid()))
+    state.write_state(tmp_path, state.StackState({"replicas": 1}, [service], me))
+    lines: list[str] = []
+    clock = FakeClock()
+    watcher = supervisor.Supervisor(tmp_path, supervisor.Backoff(initial_s=1, max_s=4, reset_after_s=60),
+                                    say=lines.append, clock=clock)
+    yield tmp_path, first, watcher, clock, lines
+    for proc in [first, *watcher.children.values()]:
+        proc.kill()
+        proc.wait()
+
+
+def recorded_service(run_dir: Path) -> plan.Service:
+    return state.read_state(run_dir).services[0]
+
+
+def test_the_supervisor_starts_a_dead_service_again_after_a_back_off_that_doubles(watched):
+    run_dir, first, watcher, clock, lines = watched
+    assert watcher.tick() and not watcher.due                     # running: nothing to do
+    first.kill()
+    first.wait()
+    assert watcher.tick() and "starting it again in 1 s" in lines[-1]
+    assert recorded_service(run_dir).pid == first.pid              # not before the back-off
+    clock.now += 1
+    assert watcher.tick()
+    again = recorded_service(run_dir)
+    assert again.pid != first.pid and processes.is_running(again)
+    assert again.restarts == 1 and again.last_exit == f"process {first.pid} is gone"
+    assert "restarted by the supervisor" in (run_dir / "logs" / "corpus.log").read_text()
+
+    os.kill(again.pid, signal.SIGKILL)                             # a crash in a row: twice the wait
+    wait_gone(again.pid)
+    assert watcher.tick() and "killed by SIGKILL" in lines[-1] and "again in 2 s" in lines[-1]
+    clock.now += 2
+    assert watcher.tick()
+    third = recorded_service(run_dir)
+    assert third.restarts == 2 and third.last_exit == "killed by SIGKILL" and processes.is_running(third)
+
+    clock.now += 61                                                # ran long enough: the back-off starts over
+    assert watcher.tick()
+    os.kill(third.pid, signal.SIGKILL)
+    wait_gone(third.pid)
+    assert watcher.tick() and "again in 1 s" in lines[-1]
+
+
+def test_the_supervisor_leaves_alone_a_service_someone_else_started_meanwhile(watched):
+    run_dir, first, watcher, clock, _ = watched
+    first.kill()
+    first.wait()
+    assert watcher.tick()
+    recorded = state.read_state(run_dir)
+    replacement = processes.start_service(recorded.services[0], run_dir)   # e.g. `up` or a deliberate restart
     try:
-        alive = stack.Service("corpus", "corpus", "http://x", ["x"], pid=child.pid,
-                              started=stack.process_start_ticks(child.pid))
-        dead = stack.Service("anns", "retriever", "127.0.0.1:1", ["x"], pid=child.pid, started=-1)
-        orchestrator = stack.Service("orchestrator", "orchestrator", "127.0.0.1:2", ["x"], pid=child.pid, started=-1)
-        options = {"replicas": 1, "policy": "fcfs"}
-        stack.write_state(tmp_path, options, [alive, dead, orchestrator])
-        assert stack.already_up(tmp_path) == 1
-        assert "partly down" in capsys.readouterr().err
-        stack.write_state(tmp_path, options, [dead, orchestrator])
-        assert stack.already_up(tmp_path) is None
-        assert stack.read_stack(tmp_path) is None
+        state.write_state(run_dir, recorded)
+        clock.now += 5
+        assert watcher.tick()
+        assert recorded_service(run_dir).pid == replacement.pid and recorded_service(run_dir).restarts == 0
     finally:
-        child.kill()
-        child.wait()
+        replacement.kill()
+        replacement.wait()
+
+
+def test_the_supervisor_exits_when_the_stack_is_gone_or_has_another_supervisor(watched):
+    run_dir, _, watcher, _, _ = watched
+    recorded = state.read_state(run_dir)
+    recorded.supervisor = replace_pid(recorded.supervisor)
+    state.write_state(run_dir, recorded)
+    assert not watcher.tick()
+    state.clear_state(run_dir, recorded.services)
+    assert not watcher.tick()
+
+
+def replace_pid(service: plan.Service) -> plan.Service:
+    return plan.Service(service.name, service.kind, service.target, service.argv, pid=1,
+                        started=processes.process_start_ticks(1))
+
+
+def test_backoff_doubles_up_to_its_cap():
+    backoff = supervisor.Backoff(initial_s=1, max_s=30)
+    assert [backoff.delay(n) for n in range(1, 8)] == [1, 2, 4, 8, 16, 30, 30]
 
 
 def test_down_escalates_to_sigkill_for_a_process_that_ignores_sigterm():
@@ -259,10 +436,10 @@ def test_down_escalates_to_sigkill_for_a_process_that_ignores_sigterm():
                              text=True)
     try:
         assert child.stdout.readline().strip() == "ready"
-        service = stack.Service("stubborn", "corpus", "", ["x"], pid=child.pid,
-                                started=stack.process_start_ticks(child.pid))
+        service = plan.Service("stubborn", "corpus", "", ["x"], pid=child.pid,
+                                started=processes.process_start_ticks(child.pid))
         t0 = time.monotonic()
-        killed = stack.stop_services([service], timeout_s=0.5)
+        killed = processes.stop_services([service], timeout_s=0.5)
         assert killed == ["stubborn"] and time.monotonic() - t0 < 5
         assert child.wait(timeout=5) == -signal.SIGKILL
     finally:

@@ -26,10 +26,20 @@ from inference_svc.engine.cost_model import CostModel
 from inference_svc.engine.events import EngineEvent, EventKind
 from inference_svc.engine.kv_manager import KVCacheManager
 from inference_svc.engine.model_runner import ChunkInput
+from inference_svc.engine.options import (
+    DEFAULT_BLOCK_SIZE,
+    DEFAULT_EVICTION,
+    DEFAULT_MAX_RUNNING,
+    DEFAULT_POLICY,
+    DEFAULT_SPECULATIVE_RESERVE_SHARE,
+    DEFAULT_SPECULATIVE_SHARE,
+    DEFAULT_TOKEN_BUDGET,
+)
+from inference_svc.engine.output_text import OutputText
 from inference_svc.engine.policies import make_policy
 from inference_svc.engine.request import FinishReason, Request, RequestState, Segment
 from inference_svc.engine.sampler import Sampler, SamplingParams, make_generator
-from inference_svc.engine.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
+from inference_svc.engine.scheduler import BlockMove, PreemptionKind, Scheduler, SchedulerConfig, SchedulerOutput
 from inference_svc.engine.tokenization import SegmentTokenizer
 
 
@@ -66,12 +76,14 @@ class Runner(Protocol):
 class EngineConfig:
     num_device_blocks: int = 1024
     num_cpu_blocks: int = 1024
-    block_size: int = 16
-    token_budget: int = 2048
-    max_running: int = 256
-    policy: str = "default"
+    block_size: int = DEFAULT_BLOCK_SIZE
+    token_budget: int = DEFAULT_TOKEN_BUDGET
+    max_running: int = DEFAULT_MAX_RUNNING
+    policy: str = DEFAULT_POLICY
     policy_options: dict = field(default_factory=dict)
-    eviction: str = "cost"
+    eviction: str = DEFAULT_EVICTION
+    speculative_share: float | None = DEFAULT_SPECULATIVE_SHARE   # see scheduler.py: None turns the tiers off
+    speculative_reserve_share: float = DEFAULT_SPECULATIVE_RESERVE_SHARE
     enable_prefix_cache: bool = True
     max_model_len: int | None = None   # default: the model's max positions
 
@@ -99,17 +111,18 @@ class Engine:
         self.clock = clock
         model_len = runner.config.max_position_embeddings
         self.max_model_len = min(config.max_model_len or model_len, model_len)
-        self.kv = KVCacheManager(config.num_device_blocks, config.num_cpu_blocks, config.block_size,
-                                 config.enable_prefix_cache)
         self.cost_model = cost_model or CostModel.builtin()
         self.policy = make_policy(config.policy, **config.policy_options)
-        self.scheduler = Scheduler(SchedulerConfig(config.token_budget, config.max_running, config.eviction),
-                                   self.policy, self.kv, self.cost_model, clock)
+        self.scheduler = Scheduler(SchedulerConfig(config.token_budget, config.max_running, config.eviction,
+                                                   config.speculative_share, config.speculative_reserve_share),
+                                   self.policy, KVCacheManager(config.num_device_blocks, config.num_cpu_blocks,
+                                                               config.block_size, config.enable_prefix_cache),
+                                   self.cost_model, clock)
         self.sampler = Sampler()
         self.counters = EngineCounters()
-        self.requests: dict[str, Request] = {}
+        self.requests = self.scheduler.requests     # the one registry, owned by the scheduler
         self._generators: dict[str, torch.Generator | None] = {}
-        self._text: dict[str, str] = {}
+        self._outputs: dict[str, OutputText] = {}
         self._events: list[EngineEvent] = []
         self.last_step_tokens = 0     # tokens the last step computed (0: nothing could run)
 
@@ -128,9 +141,9 @@ class Engine:
         request = Request(request_id, sampling, now, priority, head_segments=list(segments))
         self._set_prompt(request, self._encode(segments))
         request.num_head_tokens = request.num_prompt_tokens
-        self.requests[request_id] = request
         self.scheduler.add(request)
         self._generators[request_id] = make_generator(sampling, self.runner.device)
+        self._outputs[request_id] = OutputText(self.tokenizer.decode, sampling.stop)
         self.counters.requests_received += 1
         self._emit(request, EventKind.QUEUED)
         return request
@@ -140,13 +153,17 @@ class Engine:
         request = self._open_request(request_id, "append")
         self._set_prompt(request, request.prompt_token_ids + self._encode(segments))
         request.context_segments.extend(segments)
+        request.stats.num_appends += 1
         self._input_arrived(request, arrived_at)
 
-    def update(self, request_id: str, segments: Sequence[Segment], arrived_at: float | None = None) -> None:
-        """Replace the context (not the head); keep KV up to the token LCP."""
+    def update(self, request_id: str, segments: Sequence[Segment], arrived_at: float | None = None,
+               final: bool = True) -> None:
+        """Replace the context (not the head); keep KV up to the token LCP. Unless this is the
+        final refinement, prefill ahead only the leading segments likely to survive the next one."""
         request = self._open_request(request_id, "update")
         new_tokens = request.prompt_token_ids[:request.num_head_tokens] + self._encode(segments)
         self._check_fits(request, new_tokens)
+        request.speculative_limit = None if final else request.num_head_tokens + self._stable_prefix_tokens(segments)
         lcp = lcp_length(request.prompt_token_ids, new_tokens)
         valid = min(lcp, request.num_computed_tokens)
         invalidated = request.num_computed_tokens - valid
@@ -157,7 +174,17 @@ class Engine:
             request.stats.tokens_invalidated += invalidated
             self.counters.tokens_invalidated += invalidated
             self._emit(request, EventKind.INVALIDATED, count=invalidated)
+        request.stats.num_updates += 1
         self._input_arrived(request, arrived_at)
+
+    def _stable_prefix_tokens(self, segments: Sequence[Segment]) -> int:
+        """Tokens of the leading segments not marked likely to be replaced."""
+        tokens = 0
+        for segment in segments:
+            if segment.likely_replaced:
+                break
+            tokens += len(self.tokenizer.encode(segment))
+        return tokens
 
     def finish(self, request_id: str, suffix: Sequence[Segment] = (), arrived_at: float | None = None) -> None:
         """No more input: append the suffix and let the request decode."""
@@ -200,7 +227,7 @@ class Engine:
         if out.block_moves:
             started = time.perf_counter()
             for direction, pairs in out.block_moves:
-                (self.runner.swap_out if direction == "out" else self.runner.swap_in)(pairs)
+                (self.runner.swap_out if direction is BlockMove.OUT else self.runner.swap_in)(pairs)
             blocks = sum(len(pairs) for _, pairs in out.block_moves)
             self.cost_model.observe_swap(blocks, (time.perf_counter() - started) * 1e3)
         if out.chunks:
@@ -215,8 +242,7 @@ class Engine:
         for chunk in out.chunks:
             request = chunk.request
             tokens = request.token_ids[chunk.start:chunk.start + chunk.num_tokens]
-            inputs.append(ChunkInput(tokens, chunk.start, tuple(self.kv.device_table(request.request_id)),
-                                     chunk.wants_logits))
+            inputs.append(ChunkInput(tokens, chunk.start, self.scheduler.block_table(request), chunk.wants_logits))
         started = time.perf_counter()
         logits = self.runner.execute(inputs)
         if all(not chunk.request.is_decoding for chunk in out.chunks):
@@ -230,7 +256,7 @@ class Engine:
             request.stats.tokens_computed += chunk.num_tokens
             if not request.is_decoding:
                 self.counters.prompt_tokens_computed += chunk.num_tokens
-            self.kv.register_computed(request.request_id, request.token_ids, request.num_computed_tokens)
+            self.scheduler.note_computed(request)
             if not chunk.wants_logits and request.num_pending_tokens == 0:
                 self._emit(request, EventKind.KV_ON_GPU, count=request.num_computed_tokens)
         for chunk, token in zip(sampling, tokens, strict=True):
@@ -247,26 +273,22 @@ class Engine:
             request.stats.first_token_time = now
             self._emit(request, EventKind.FIRST_TOKEN)
         params = request.sampling
-        stop = (token in params.stop_token_ids) or (not params.ignore_eos and token in self.runner.eos_token_ids)
-        text = "" if stop else self._text_delta(request)
-        self._emit(request, EventKind.TOKEN, token_id=token, text=text)
-        if stop:
-            self._finish(request, FinishReason.STOP)
+        output = self._outputs[request.request_id]
+        reason = None
+        if token in params.stop_token_ids or (not params.ignore_eos and token in self.runner.eos_token_ids):
+            reason = FinishReason.STOP     # the stop token's own text is not part of the output
+        elif output.add(request.output_token_ids):
+            reason = FinishReason.STOP     # a stop string
         elif len(request.output_token_ids) >= params.max_tokens or not self._room_to_grow(request):
-            self._finish(request, FinishReason.LENGTH)
-
-    def _text_delta(self, request: Request) -> str:
-        text = self.tokenizer.decode(request.output_token_ids)
-        if text.endswith("\ufffd"):   # an incomplete UTF-8 sequence: wait for the next token
-            return ""
-        previous = self._text.get(request.request_id, "")
-        self._text[request.request_id] = text
-        return text[len(previous):] if text.startswith(previous) else text
+            reason = FinishReason.LENGTH
+        self._emit(request, EventKind.TOKEN, token_id=token, text=output.take(final=reason is not None))
+        if reason is not None:
+            self._finish(request, reason)
 
     @property
     def max_sequence_tokens(self) -> int:
         """The longest sequence (prompt + output) this engine can hold: model context or device pool."""
-        return min(self.max_model_len, self.kv.device.num_blocks * self.kv.block_size)
+        return min(self.max_model_len, self.scheduler.capacity_tokens)
 
     def _room_to_grow(self, request: Request) -> bool:
         return request.num_tokens + 1 <= self.max_sequence_tokens
@@ -278,8 +300,9 @@ class Engine:
             self._emit(request, EventKind.KV_ON_GPU, count=request.num_computed_tokens, detail="swapped in")
         self.counters.prefix_cache_hit_tokens += sum(out.prefix_hits.values())
         for p in out.preempted:
-            kind = EventKind.PREEMPTED_SWAP if p.kind == "swap" else EventKind.PREEMPTED_RECOMPUTE
-            if p.kind == "swap":
+            swapped = p.kind is PreemptionKind.SWAP
+            kind = EventKind.PREEMPTED_SWAP if swapped else EventKind.PREEMPTED_RECOMPUTE
+            if swapped:
                 self.counters.preemptions_swap += 1
             else:
                 self.counters.preemptions_recompute += 1
@@ -296,10 +319,9 @@ class Engine:
 
     def _invalidate_from(self, request: Request, valid: int) -> int:
         """Drop KV from token `valid` on; returns the computed tokens left."""
-        copies = self.kv.truncate(request.request_id, valid)
+        copies = self.scheduler.truncate(request, valid)
         if copies:
             self.runner.copy_blocks(copies)
-        request.num_computed_tokens = self.kv.valid_tokens_after_truncate(request.request_id, valid)
         return request.num_computed_tokens
 
     def _encode(self, segments: Sequence[Segment]) -> list[int]:
@@ -318,8 +340,8 @@ class Engine:
         limit = self.max_sequence_tokens - 1   # room for at least one generated token
         if len(tokens) > limit:
             raise PromptTooLongError(
-                f"prompt of {len(tokens)} tokens exceeds the limit of {limit} (model context "
-                f"{self.max_model_len}, device pool {self.kv.device.num_blocks} blocks)")
+                f"prompt too long: {len(tokens)} tokens; the limit is {limit} (model context "
+                f"{self.max_model_len}, device pool {self.scheduler.capacity_tokens} tokens)")
 
     def _input_arrived(self, request: Request, arrived_at: float | None) -> None:
         """`arrived_at`: when the caller received the input (engine clock); default now. A caller
@@ -336,16 +358,15 @@ class Engine:
         request.stats.finish_time = self.clock()
         self.scheduler.remove(request)
         self._generators.pop(request.request_id, None)
-        self._text.pop(request.request_id, None)
+        output = self._outputs.pop(request.request_id, None)
+        if output is not None:
+            request.output_text = output.final
         self.counters.requests_finished += 1
         self._emit(request, EventKind.FINISHED, detail=reason.value)
 
     def release(self, request_id: str) -> Request | None:
         """Forget a finished request (the caller has read its stats)."""
-        request = self.requests.get(request_id)
-        if request is not None and request.is_finished:
-            return self.requests.pop(request_id)
-        return None
+        return self.scheduler.release(request_id)
 
     def _emit(self, request: Request, kind: EventKind, *, count: int = 0, token_id: int | None = None,
               text: str = "", detail: str = "") -> None:

@@ -16,7 +16,9 @@ import sys
 
 import torch
 
-POLICIES = ("default", "fcfs", "lcas", "mcps", "klpm")
+from inference_svc.engine.options import POLICY_CHOICES
+
+POLICIES = POLICY_CHOICES
 SIZES = (50, 500)
 
 
@@ -29,10 +31,12 @@ def run_engine_bench(args: argparse.Namespace) -> int:
     from inference_svc.engine.factory import DTYPES
     from inference_svc.engine.prefill_bench import format_table, measure_prefill_tokens_per_s
     from inference_svc.engine.scheduler_bench import measure_scheduler_us
+    from servicekit.hardware import resolve_dtype
 
     model_dir = args.model or prepare_embedded_model(progress=False)
     lengths = [int(n) for n in args.prompt_lengths.split(",")]
-    results = measure_prefill_tokens_per_s(model_dir, prompt_lengths=lengths, dtype=DTYPES[args.dtype],
+    dtype = DTYPES[resolve_dtype(args.dtype, args.device)]
+    results = measure_prefill_tokens_per_s(model_dir, prompt_lengths=lengths, dtype=dtype,
                                            device=args.device, repeats=args.repeats, progress=_say)
     from inference_svc.vllm_backend.config import vllm_available
 

@@ -18,25 +18,30 @@ from inference_svc.engine.engine import Engine, EngineConfig
 from inference_svc.engine.kv_cache import kv_bytes_per_block, num_blocks_for_bytes
 from inference_svc.engine.model_runner import ModelRunner
 from inference_svc.engine.models import load_config
+from inference_svc.engine.options import DEFAULT_DEVICE, DEFAULT_DTYPE, DEFAULT_KV_CPU_BLOCKS, DTYPE_CHOICES
 from inference_svc.engine.tokenization import SegmentTokenizer
 from servicekit.config import default_cache_dir
+from servicekit.hardware import AUTO, resolve_dtype
 
 log = logging.getLogger(__name__)
 
 DEFAULT_KV_DEVICE_BYTES = 512 * 1024 * 1024
-DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32, "float16": torch.float16}
+DTYPES = {name: getattr(torch, name) for name in DTYPE_CHOICES if name != AUTO}
 
 
 @dataclass(frozen=True)
 class EngineSpec:
     model_dir: Path
-    device: str = "cpu"
-    dtype: str = "bfloat16"
+    device: str = DEFAULT_DEVICE
+    dtype: str = DEFAULT_DTYPE
     kv_device_blocks: int | None = None
     kv_device_bytes: int | None = None       # used when kv_device_blocks is None
-    kv_cpu_blocks: int = 2048
+    kv_cpu_blocks: int = DEFAULT_KV_CPU_BLOCKS
     engine: EngineConfig = field(default_factory=EngineConfig)
     profile: Path | None = None              # default: the cache's profile for device/model/dtype
+
+    def __post_init__(self) -> None:         # "auto" becomes the concrete dtype for this device
+        object.__setattr__(self, "dtype", resolve_dtype(self.dtype, self.device))
 
 
 def load_tokenizer(model_dir: Path):
@@ -56,7 +61,8 @@ def device_kind(device: str) -> str:
 def load_cost_model(spec: EngineSpec) -> CostModel:
     path = spec.profile or profile_path(default_cache_dir(), device_kind(spec.device), spec.model_dir.name, spec.dtype)
     if Path(path).exists():
-        return CostModel.load(Path(path))
+        expected = {"model": spec.model_dir.name, "dtype": spec.dtype, "block_size": spec.engine.block_size}
+        return CostModel.load_checked(Path(path), expected, log.warning)
     log.warning("no cost profile at %s (run `streamrag profile`); using the built-in estimate", path)
     return CostModel.builtin()
 

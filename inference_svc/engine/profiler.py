@@ -1,7 +1,8 @@
 """`streamrag profile`: measure recompute (prefill) and swap latency on this device and model.
 
 Prefill latency is measured over token counts, swap latency (one direction, device<->CPU)
-over block counts; each point is the median of a few repeats. The JSON it writes is what
+over block counts. Each size runs once untimed first (the first call at a size pays one-time
+allocation costs), then each point is the median of the timed repeats. The JSON it writes is what
 `CostModel.load` reads, stored per device, model and dtype under the cache directory.
 """
 
@@ -50,6 +51,7 @@ def measure_profile(model_dir: Path, *, device: str = "cpu", dtype: torch.dtype 
     recompute: list[list[float]] = []
     for i, tokens in enumerate(token_counts, 1):
         ids = torch.randint(0, runner.config.vocab_size, (tokens,), generator=gen).tolist()
+        runner.execute([ChunkInput(ids, 0, table, True)])          # warm-up at this size, untimed
         times = [_timed_ms(lambda ids=ids: runner.execute([ChunkInput(ids, 0, table, True)]), dev)
                  for _ in range(repeats)]
         recompute.append([tokens, statistics.median(times)])
@@ -58,6 +60,8 @@ def measure_profile(model_dir: Path, *, device: str = "cpu", dtype: torch.dtype 
     swap: list[list[float]] = []
     for i, count in enumerate(block_counts, 1):
         pairs = [(b, b) for b in range(count)]
+        runner.swap_out(pairs)                                      # warm-up, untimed
+        runner.swap_in(pairs)
         times = []
         for _ in range(repeats):
             times.append(_timed_ms(lambda pairs=pairs: runner.swap_out(pairs), dev))

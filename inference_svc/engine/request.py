@@ -22,10 +22,13 @@ class RequestState(enum.Enum):
 
 
 class FinishReason(enum.Enum):
-    STOP = "stop"            # EOS or a stop token
+    STOP = "stop"            # EOS, a stop token or a stop string
     LENGTH = "length"        # max_tokens, or the model's context is full
     ABORT = "abort"          # cancelled by the caller
     ERROR = "error"
+
+
+STABLE_THRESHOLD = 0.5      # a segment less likely than this to survive a refinement is not prefilled ahead
 
 
 @dataclass(frozen=True)
@@ -35,6 +38,13 @@ class Segment:
     text: str | None = None
     token_ids: tuple[int, ...] | None = None
     key: str | None = None
+    # The retriever's estimate that this segment survives the next refinement (update mode),
+    # 0..1; None: unknown, treated as stable. See `Request.speculative_limit`.
+    stability: float | None = None
+
+    @property
+    def likely_replaced(self) -> bool:
+        return self.stability is not None and self.stability < STABLE_THRESHOLD
 
     def __post_init__(self) -> None:
         if (self.text is None) == (self.token_ids is None):
@@ -56,6 +66,8 @@ class RequestStats:
     prefix_cache_hit_tokens: int = 0
     preemptions_swap: int = 0
     preemptions_recompute: int = 0
+    num_appends: int = 0                  # append calls applied
+    num_updates: int = 0                  # update calls applied
 
     @property
     def ttft_from_open_s(self) -> float | None:
@@ -79,8 +91,12 @@ class Request:
     prompt_token_ids: list[int] = field(default_factory=list)
     num_head_tokens: int = 0              # tokens of the head segments: an update keeps them
     output_token_ids: list[int] = field(default_factory=list)
+    output_text: str = ""                 # set when the request ends: the text, up to a stop string
     num_computed_tokens: int = 0
     context_complete: bool = False        # finish() was called: no more input, decoding allowed
+    # While the context is partial, prefill stops here: the end of the segments that are likely to
+    # survive the next refinement (an update's stability hints). None: no limit.
+    speculative_limit: int | None = None
     last_chunk_arrival_time: float = 0.0
     state: RequestState = RequestState.WAITING
     finish_reason: FinishReason | None = None
@@ -118,9 +134,26 @@ class Request:
         return self.state is RequestState.FINISHED
 
     @property
+    def num_schedulable_tokens(self) -> int:
+        """Pending tokens the scheduler may compute now: up to the speculative limit while partial."""
+        end = self.num_tokens
+        if self.speculative_limit is not None and not self.context_complete:
+            end = min(end, self.speculative_limit)
+        return end - self.num_computed_tokens
+
+    @property
     def is_runnable(self) -> bool:
-        """Has work to do now: tokens to compute (before finish, only prefill)."""
-        return not self.is_finished and self.num_pending_tokens > 0
+        """Has work to do now: tokens to compute (before finish, only prefill, up to the speculative limit)."""
+        return not self.is_finished and self.num_schedulable_tokens > 0
+
+    @property
+    def expected_keep_fraction(self) -> float:
+        """How much of this request's KV is expected to stay valid: 1 once the context is complete
+        or final; while update-mode refinements go on, what its updates have left valid so far."""
+        if self.context_complete or self.speculative_limit is None or not self.stats.num_updates:
+            return 1.0
+        computed = max(self.stats.tokens_computed, 1)
+        return max(0.0, 1.0 - self.stats.tokens_invalidated / computed)
 
     @property
     def is_decoding(self) -> bool:

@@ -14,6 +14,8 @@ from dataclasses import dataclass
 import torch
 
 MAX_TOKENS_LIMIT = 1 << 20
+MAX_STOP_STRINGS = 16
+MAX_STOP_STRING_CHARS = 256
 
 
 @dataclass(frozen=True)
@@ -25,6 +27,7 @@ class SamplingParams:
     seed: int | None = None
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False
+    stop: tuple[str, ...] = ()   # stop strings: the output ends before the first one (see output_text.py)
 
     @property
     def greedy(self) -> bool:
@@ -46,6 +49,10 @@ class SamplingParams:
             raise ValueError(f"seed must be an int in [0, 2**63), got {self.seed!r}")
         if any(not isinstance(t, int) or t < 0 for t in self.stop_token_ids):
             raise ValueError(f"stop_token_ids must be non-negative ints, got {self.stop_token_ids!r}")
+        if len(self.stop) > MAX_STOP_STRINGS:
+            raise ValueError(f"at most {MAX_STOP_STRINGS} stop strings, got {len(self.stop)}")
+        if any(not isinstance(s, str) or not 1 <= len(s) <= MAX_STOP_STRING_CHARS for s in self.stop):
+            raise ValueError(f"stop strings must be non-empty and at most {MAX_STOP_STRING_CHARS} characters")
         return self
 
 

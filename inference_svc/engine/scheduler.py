@@ -4,6 +4,15 @@ Phase 1 ranks every unfinished request by the policy and decides which fit this 
 token budget and the device pool, changing nothing. Capacity counts the whole pool:
 blocks held by requests that were not chosen are reclaimable by preemption.
 
+Streaming never delays complete work (the same rule under every policy): prefill of a
+prompt still receiving context is speculative, so phase 1 serves two tiers, each in the
+policy's order. Complete prompts and decodes come first, for tokens and for blocks. The
+partial tier gets what they leave, but never more than `speculative_share` of the token
+budget per step — a prompt that becomes complete waits behind at most that slice — and,
+while complete work saturates the budget, still `speculative_reserve_share` of it, so partial
+prompts progress at saturation instead of arriving at their last chunk with everything left.
+Not-chosen partial requests are also the first eviction victims.
+
 Phase 2 acquires resources for the chosen requests in rank order: swap-in, prefix-cache
 reuse, block allocation. When allocation fails it preempts not-chosen requests lowest
 priority first, asking the cost model (or the fixed eviction mode) whether to recompute
@@ -12,28 +21,66 @@ or swap each one. Prefill is chunked within the budget; decodes ride in the same
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 from inference_svc.engine.cost_model import CostModel
 from inference_svc.engine.kv_manager import BlockPairs, KVCacheManager
+from inference_svc.engine.options import (
+    DEFAULT_EVICTION,
+    DEFAULT_MAX_RUNNING,
+    DEFAULT_SPECULATIVE_RESERVE_SHARE,
+    DEFAULT_SPECULATIVE_SHARE,
+    DEFAULT_TOKEN_BUDGET,
+    EVICTION_CHOICES,
+)
 from inference_svc.engine.policies import Policy, PolicyContext
 from inference_svc.engine.request import Request, RequestState
 
-EVICTION_MODES = ("recompute", "swap", "cost")
+EVICTION_MODES = EVICTION_CHOICES
 
 
 @dataclass(frozen=True)
 class SchedulerConfig:
-    token_budget: int = 2048
-    max_running: int = 256
-    eviction: str = "cost"
+    token_budget: int = DEFAULT_TOKEN_BUDGET
+    max_running: int = DEFAULT_MAX_RUNNING
+    eviction: str = DEFAULT_EVICTION
+    speculative_share: float | None = DEFAULT_SPECULATIVE_SHARE   # None: one tier, the policy's order alone
+    speculative_reserve_share: float = DEFAULT_SPECULATIVE_RESERVE_SHARE
 
     def __post_init__(self) -> None:
         if self.token_budget < 1 or self.max_running < 1:
             raise ValueError("token_budget and max_running must be >= 1")
+        share, reserve = self.speculative_share, self.speculative_reserve_share
+        if share is not None and not 0 <= reserve <= share <= 1:
+            raise ValueError("need 0 <= speculative_reserve_share <= speculative_share <= 1")
+
+    @property
+    def speculative_tokens(self) -> int | None:
+        """Most tokens of partial prompts per step (None: no tiers)."""
+        if self.speculative_share is None:
+            return None
+        return max(1, int(self.token_budget * self.speculative_share))
+
+    @property
+    def speculative_reserve(self) -> int:
+        """Tokens per step partial prompts keep while complete ones saturate the budget."""
+        return int(self.token_budget * self.speculative_reserve_share)
         if self.eviction not in EVICTION_MODES:
             raise ValueError(f"eviction must be one of {EVICTION_MODES}, got {self.eviction!r}")
+
+
+class BlockMove(enum.Enum):
+    """Which way a list of (source, destination) block pairs moves before the forward pass."""
+
+    OUT = "out"          # device -> CPU (swap out)
+    IN = "in"            # CPU -> device (swap in)
+
+
+class PreemptionKind(enum.Enum):
+    SWAP = "swap"                # KV moved to the CPU pool, brought back later
+    RECOMPUTE = "recompute"      # KV dropped, prefilled again later
 
 
 @dataclass
@@ -55,7 +102,7 @@ class ScheduledChunk:
 @dataclass
 class Preemption:
     request: Request
-    kind: str            # "swap" or "recompute"
+    kind: PreemptionKind
     tokens: int          # computed tokens at preemption
     blocks: int          # device blocks released
 
@@ -63,9 +110,9 @@ class Preemption:
 @dataclass
 class SchedulerOutput:
     chunks: list[ScheduledChunk] = field(default_factory=list)
-    # ("out" | "in", pairs) in the order they were decided, to be performed in that order
+    # (direction, pairs) in the order they were decided, to be performed in that order
     # before the forward pass: a block freed by one move may be the destination of a later one.
-    block_moves: list[tuple[str, BlockPairs]] = field(default_factory=list)
+    block_moves: list[tuple[BlockMove, BlockPairs]] = field(default_factory=list)
     preempted: list[Preemption] = field(default_factory=list)
     swapped_in: list[Request] = field(default_factory=list)
     newly_scheduled: list[Request] = field(default_factory=list)
@@ -92,6 +139,8 @@ class Scheduler:
         self.kv = kv
         self.cost_model = cost_model
         self.clock = clock
+        # The one request registry: every request from `add` until `release`, finished ones included
+        # (the caller reads their stats); only unfinished ones are ranked.
         self.requests: dict[str, Request] = {}
         self._admissions = 0
 
@@ -99,8 +148,43 @@ class Scheduler:
         self.requests[request.request_id] = request
 
     def remove(self, request: Request) -> None:
-        self.requests.pop(request.request_id, None)
+        """The request is finished: free its blocks (it stays registered until `release`)."""
         self.kv.free(request.request_id)
+
+    def release(self, request_id: str) -> Request | None:
+        """Forget a finished request; None when unknown or not finished."""
+        request = self.requests.get(request_id)
+        if request is None or request.state is not RequestState.FINISHED:
+            return None
+        return self.requests.pop(request_id)
+
+    # --- the KV cache, for the engine (the scheduler is the KV manager's only owner) --------------
+    @property
+    def block_size(self) -> int:
+        return self.kv.block_size
+
+    @property
+    def capacity_tokens(self) -> int:
+        """Tokens the device pool holds in all."""
+        return self.kv.device.num_blocks * self.kv.block_size
+
+    def block_table(self, request: Request) -> tuple[int, ...]:
+        return tuple(self.kv.device_table(request.request_id))
+
+    def note_computed(self, request: Request) -> None:
+        """A forward pass computed up to `request.num_computed_tokens`: full blocks join the prefix cache."""
+        self.kv.register_computed(request.request_id, request.token_ids, request.num_computed_tokens)
+
+    def truncate(self, request: Request, valid: int) -> BlockPairs:
+        """Drop KV from token `valid` on and set the request's computed count; returns the block
+        copies the runner must make first (a shared partly valid block is copied, not written)."""
+        copies = self.kv.truncate(request.request_id, valid)
+        request.num_computed_tokens = self.kv.valid_tokens_after_truncate(request.request_id, valid)
+        return copies
+
+    def pools(self):
+        """The device and CPU block pools, read-only, for stats."""
+        return self.kv.device, self.kv.cpu
 
     # --- phase 1 --------------------------------------------------------------------
     def policy_context(self, now: float) -> PolicyContext:
@@ -118,20 +202,46 @@ class Scheduler:
         return [cached(r.request_id, r.prompt_token_ids, r.output_token_ids) for r in requests]
 
     def rank(self, now: float) -> list[Request]:
-        return self.policy.order(list(self.requests.values()), self.policy_context(now))
+        finished = RequestState.FINISHED
+        return self.policy.order([r for r in self.requests.values() if r.state is not finished],
+                                 self.policy_context(now))
 
     def plan(self, ranked: list[Request]) -> Plan:
         """Choose what runs this step. Reads state only."""
         budget, capacity = self.config.token_budget, self.kv.device.num_blocks
+        chosen: list[tuple[Request, int]] = []
+        not_chosen: list[Request] = []
+        cap = self.config.speculative_tokens
+        if cap is None:
+            self._fill(ranked, budget, capacity, chosen, not_chosen)
+            return Plan(chosen, not_chosen)
+        complete = [r for r in ranked if r.context_complete]
+        if len(complete) == len(ranked):
+            self._fill(ranked, budget, capacity, chosen, not_chosen)
+            return Plan(chosen, not_chosen)
+        partial = [r for r in ranked if not r.context_complete] if complete else ranked
+        reserved = min(self.config.speculative_reserve, cap, sum(max(r.num_schedulable_tokens, 0) for r in partial))
+        budget_left, capacity = self._fill(complete, budget - reserved, capacity, chosen, not_chosen)
+        self._fill(partial, min(cap, budget_left + reserved), capacity, chosen, not_chosen)
+        return Plan(chosen, not_chosen)
+
+    def _fill(self, ranked: list[Request], budget: int, capacity: int, chosen: list[tuple[Request, int]],
+              not_chosen: list[Request]) -> tuple[int, int]:
+        """Phase 1 over one tier: choose in rank order what fits `budget` tokens and `capacity` blocks
+        (and the running cap); returns the (budget, capacity) left."""
         max_running = self.config.max_running
         bs = self.kv.block_size
         num_cpu_blocks = self.kv.num_cpu_blocks
-        chosen: list[tuple[Request, int]] = []
-        not_chosen: list[Request] = []
         for position, request in enumerate(ranked):
+            if budget <= 0 or capacity <= 0 or len(chosen) >= max_running:
+                # nothing further can be chosen: no tokens, no blocks or no slots left
+                not_chosen += ranked[position:]
+                break
             start = request.num_computed_tokens
-            # n = min(request.num_pending_tokens, budget), footprint = max(blocks_for(start + n, bs), cpu blocks)
+            # n = min(request.num_schedulable_tokens, budget), footprint = max(blocks_for(start + n, bs), cpu blocks)
             n = len(request.prompt_token_ids) + len(request.output_token_ids) - start
+            if request.speculative_limit is not None and not request.context_complete:
+                n = min(n, request.speculative_limit - start)
             if n <= 0:
                 not_chosen.append(request)
                 continue
@@ -150,11 +260,7 @@ class Scheduler:
             chosen.append((request, n))
             capacity -= footprint
             budget -= n
-            if not budget or not capacity or len(chosen) >= max_running:
-                # nothing further can be chosen: no tokens, no blocks or no slots left
-                not_chosen += ranked[position + 1:]
-                break
-        return Plan(chosen, not_chosen)
+        return budget, capacity
 
     # --- phase 2 --------------------------------------------------------------------
     def schedule(self) -> SchedulerOutput:
@@ -179,8 +285,7 @@ class Scheduler:
         finished = RequestState.FINISHED
         for request in plan.not_chosen:
             # passed over if runnable (`Request.is_runnable`, inlined: this visits every request)
-            if (request.passed_over_since is None and request.state is not finished
-                    and len(request.prompt_token_ids) + len(request.output_token_ids) > request.num_computed_tokens):
+            if request.passed_over_since is None and request.state is not finished and request.is_runnable:
                 request.passed_over_since = now
         return out
 
@@ -191,7 +296,7 @@ class Scheduler:
             while (pairs := self.kv.swap_in(rid)) is None:
                 if not self._preempt_next(victims, out, now, protect=request):
                     return None
-            out.block_moves.append(("in", pairs))
+            out.block_moves.append((BlockMove.IN, pairs))
             out.swapped_in.append(request)
             self._admit(request)
         elif request.state is RequestState.WAITING or self._at_block_boundary(request):
@@ -235,18 +340,19 @@ class Scheduler:
         rid = victim.request_id
         tokens, blocks = victim.num_computed_tokens, self.kv.num_device_blocks(rid)
         mode = self.config.eviction
-        swap = mode == "swap" or (mode == "cost" and not self.cost_model.prefer_recompute(tokens, blocks))
+        swap = mode == "swap" or (mode == "cost" and not self.cost_model.prefer_recompute(
+            tokens, blocks, victim.expected_keep_fraction))
         if swap and self.kv.can_swap_out(rid):
-            out.block_moves.append(("out", self.kv.swap_out(rid)))
+            out.block_moves.append((BlockMove.OUT, self.kv.swap_out(rid)))
             victim.state = RequestState.SWAPPED
             victim.stats.preemptions_swap += 1
-            kind = "swap"
+            kind = PreemptionKind.SWAP
         else:
             self.kv.free(rid)
             victim.num_computed_tokens = 0
             victim.state = RequestState.WAITING
             victim.stats.preemptions_recompute += 1
-            kind = "recompute"
+            kind = PreemptionKind.RECOMPUTE
         victim.preempted_at = now
         victim.queued_since = now
         return Preemption(victim, kind, tokens, blocks)

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import gc
 import random
-import statistics
 import time
 
 from inference_svc.engine.cost_model import CostModel
@@ -18,11 +17,11 @@ from inference_svc.engine.policies import make_policy
 from inference_svc.engine.request import Request
 from inference_svc.engine.sampler import SamplingParams
 from inference_svc.engine.scheduler import Scheduler, SchedulerConfig
+from servicekit.stats import percentile
 
 
 def _percentiles(samples_us: list[float]) -> dict[str, float]:
-    ordered = sorted(samples_us)
-    return {"p50": statistics.median(ordered), "p99": ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))]}
+    return {"p50": percentile(samples_us, 50), "p99": percentile(samples_us, 99)}
 
 
 def _new_request(rng: random.Random, index: int, now: float) -> Request:
@@ -38,7 +37,7 @@ def measure_scheduler_us(num_requests: int, policy: str = "lcas", steps: int = 3
     rng = random.Random(seed)
     clock = [1000.0]
     kv = KVCacheManager(num_device_blocks=num_requests * 24, num_cpu_blocks=num_requests * 64, block_size=16)
-    scheduler = Scheduler(SchedulerConfig(token_budget=2048, max_running=256), make_policy(policy), kv,
+    scheduler = Scheduler(SchedulerConfig(), make_policy(policy), kv,
                           CostModel.builtin(), lambda: clock[0])
     for i in range(num_requests):
         scheduler.add(_new_request(rng, i, clock[0]))

@@ -11,6 +11,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from inference_svc.engine.options import (
+    DEFAULT_DEVICE,
+    DEFAULT_DTYPE,
+    DEFAULT_MAX_RUNNING,
+    DEFAULT_POLICY,
+    DEFAULT_TOKEN_BUDGET,
+)
+from servicekit.hardware import resolve_dtype
+
 # Our policies on vLLM's schedulers: only "default" (FIFO) is vLLM's own "fcfs"; the others run on
 # vLLM's "priority" scheduler with per-request priorities from `priority_for` (policy.py).
 SCHEDULING_POLICY = {"default": "fcfs", "fcfs": "priority", "lcas": "priority", "mcps": "priority",
@@ -27,17 +36,20 @@ def vllm_available() -> bool:
 @dataclass(frozen=True)
 class VllmSpec:
     model_dir: Path
-    device: str = "cpu"
-    dtype: str = "bfloat16"
-    policy: str = "fcfs"
+    device: str = DEFAULT_DEVICE
+    dtype: str = DEFAULT_DTYPE
+    policy: str = DEFAULT_POLICY
     block_size: int | None = None          # None: vLLM's platform default (128 on CPU)
     kv_device_bytes: int | None = None     # None: DEFAULT_CPU_KV_GIB on CPU, vLLM's memory fraction on CUDA
     kv_device_blocks: int | None = None    # overrides the byte size (num_gpu_blocks_override)
-    token_budget: int = 2048               # max_num_batched_tokens
-    max_running: int = 256                 # max_num_seqs
+    token_budget: int = DEFAULT_TOKEN_BUDGET   # max_num_batched_tokens
+    max_running: int = DEFAULT_MAX_RUNNING     # max_num_seqs
     max_model_len: int | None = None       # None: the model's context
     enable_prefix_cache: bool = True
     seed: int = 0
+
+    def __post_init__(self) -> None:         # "auto" becomes the concrete dtype for this device
+        object.__setattr__(self, "dtype", resolve_dtype(self.dtype, self.device))
 
     @property
     def on_cpu(self) -> bool:

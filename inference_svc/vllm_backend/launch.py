@@ -93,7 +93,7 @@ def start_vllm_service(model_dir: Path | str | None = None, port: int = 0, max_s
     vLLM's own output goes to `log_path` (default: a temporary file, see `.log_path`). `python`: an
     interpreter with vllm installed (default: $STREAMRAG_VLLM_PYTHON, else this one)."""
     python = python or os.environ.get("STREAMRAG_VLLM_PYTHON") or sys.executable
-    command = [python, "-m", "orchestrator.cli", "serve", "inference", "--backend", "vllm",
+    command = [python, "-m", "streamrag.cli", "serve", "inference", "--backend", "vllm",
                "--host", "127.0.0.1", "--port", str(port), "--metrics-port", str(metrics_port),
                "--max-streams", str(max_streams), "--policy", policy, "--dtype", dtype, "--device", device,
                *(["--model", str(model_dir)] if model_dir is not None else []), *extra_args]

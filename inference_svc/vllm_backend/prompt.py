@@ -34,7 +34,7 @@ class PromptLimits:
     def check_fits(self, num_tokens: int) -> None:
         limit = self.max_sequence_tokens - 1
         if num_tokens > limit:
-            raise PromptTooLongError(f"prompt of {num_tokens} tokens exceeds the limit of {limit} (model context "
+            raise PromptTooLongError(f"prompt too long: {num_tokens} tokens; the limit is {limit} (model context "
                                      f"{self.max_model_len}, KV cache {self.kv_tokens} tokens)")
 
 

@@ -1,16 +1,15 @@
-"""The `Inference` servicer on vLLM: the native servicer's validation and plumbing
-(`StreamServicerBase`), with each request driven by a `VllmRequest` on the event loop."""
+"""The `Inference` servicer on vLLM: the RPCs of `StreamServicerBase`, with each request driven
+by a `VllmRequest` on the event loop (the backend hook)."""
 
 from __future__ import annotations
 
 import asyncio
-import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 
-from inference_svc.convert import BadRequest, sampling_from_proto, segments_from_proto
-from inference_svc.engine.engine import EngineInputError
+from inference_svc.engine.request import Segment
+from inference_svc.engine.sampler import SamplingParams
 from inference_svc.metrics import InferenceMetrics
-from inference_svc.servicer import StreamServicerBase, next_stream_message, status_for
+from inference_svc.servicer import StreamServicerBase
 from inference_svc.vllm_backend.policy import priority_for
 from inference_svc.vllm_backend.prompt import StreamedPrompt
 from inference_svc.vllm_backend.session import VllmRequest
@@ -29,96 +28,36 @@ class VllmServicer(StreamServicerBase):
         self.stats = stats
         self._requests: dict[str, VllmRequest] = {}
 
-    # --- RPCs -----------------------------------------------------------------------
-    async def StreamPrompt(self, request_iterator, context) -> AsyncIterator[inference_pb2.StreamPromptResponse]:
-        async with self._stream_slot(context):
-            first = await self._first_message(request_iterator, context)
-            arrived = time.monotonic()
-            opening = first.update.open
-            request_id = await self._admit(opening.request_id, context)
-            try:
-                segments = await self._parse(context, segments_from_proto, opening.segments)
-                sampling = await self._parse(context, sampling_from_proto, opening.sampling,
-                                             opening.HasField("sampling"))
-                await self._check_policy_hint(opening.policy_hint, context)
-                events: asyncio.Queue = asyncio.Queue()
-                request = self._new_request(request_id, sampling, opening.priority, events, arrived)
-                await self._apply(context, lambda: request.open(segments, arrived))
-                reader = asyncio.create_task(self._read_rest(request_iterator, request, events))
-                try:
-                    async for event in self._pump(request_id, events, context):
-                        yield inference_pb2.StreamPromptResponse(event=event)
-                finally:
-                    reader.cancel()
-            finally:
-                self._release(request_id)
-
-    async def Generate(self, request, context) -> AsyncIterator[inference_pb2.GenerateResponse]:
-        arrived = time.monotonic()
-        async with self._stream_slot(context):
-            request_id = await self._admit(request.request_id, context)
-            try:
-                segments = await self._parse(context, segments_from_proto, request.segments)
-                sampling = await self._parse(context, sampling_from_proto, request.sampling,
-                                             request.HasField("sampling"))
-                await self._check_policy_hint(request.policy_hint, context)
-                events: asyncio.Queue = asyncio.Queue()
-                vllm_request = self._new_request(request_id, sampling, request.priority, events, arrived)
-
-                def start() -> None:
-                    vllm_request.open((), arrived)
-                    vllm_request.finish(segments, arrived)
-
-                await self._apply(context, start)
-                async for event in self._pump(request_id, events, context):
-                    yield inference_pb2.GenerateResponse(event=event)
-            finally:
-                self._release(request_id)
-
-    async def GetStats(self, request, context) -> inference_pb2.GetStatsResponse:
-        stats = self.stats.snapshot()
-        stats.max_concurrent_streams = self.max_streams
-        stats.num_active = len(self._active)
-        return inference_pb2.GetStatsResponse(stats=stats)
-
-    # --- helpers --------------------------------------------------------------------
-    def _new_request(self, request_id: str, sampling, hint: int, events: asyncio.Queue,
-                     arrived: float) -> VllmRequest:
+    # --- the backend hook -------------------------------------------------------------
+    async def _open(self, request_id: str, segments: list[Segment], sampling: SamplingParams, priority: int,
+                    arrived: float, complete: bool) -> asyncio.Queue:
+        events: asyncio.Queue = asyncio.Queue()
         policy = self.model_info.policy
         request = VllmRequest(self.llm, request_id, self.new_prompt(), sampling,
-                              lambda complete: priority_for(policy, hint, complete), events, self.decode, arrived,
-                              self.stats.request_ended)
+                              lambda context_complete: priority_for(policy, priority, context_complete), events,
+                              self.decode, arrived, self.stats.request_ended)
         self._requests[request_id] = request
         self.stats.request_received()
-        return request
+        if complete:
+            request.open((), arrived)
+            request.finish(segments, arrived)
+        else:
+            request.open(segments, arrived)
+        return events
 
-    async def _apply(self, context, fn: Callable[[], None]) -> None:
-        try:
-            fn()
-        except EngineInputError as exc:
-            error = status_for(exc)
-            await self._abort(context, error.code, error.message)
+    def _send(self, request_id: str, kind: str, segments: list[Segment], arrived: float,
+              events: asyncio.Queue, final_stage: bool = True) -> None:
+        """Applied at once, in arrival order; the prompt's checks raise before anything changes.
+        `final_stage` is not used: an update resubmits the prompt and vLLM prefills all of it
+        (docs/vllm.md)."""
+        getattr(self._requests[request_id], kind)(segments, arrived)
 
-    async def _read_rest(self, request_iterator, request: VllmRequest, events: asyncio.Queue) -> None:
-        """Apply append/update/finish in arrival order; a violation ends the call via the queue."""
-        finished = False
-        try:
-            async for message in request_iterator:
-                arrived = time.monotonic()
-                kind, segments = next_stream_message(message, finished)
-                getattr(request, kind)(segments, arrived)
-                finished = kind == "finish"
-            if not finished:
-                raise BadRequest("the client closed its stream before finish")
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:
-            events.put_nowait(status_for(exc))
-
-    def _release(self, request_id: str) -> None:
-        self._active.discard(request_id)
+    def _close(self, request_id: str) -> None:
         request = self._requests.pop(request_id, None)
         if request is not None:
             if not request.finished:
                 self.stats.request_aborted()
             request.close()
+
+    def _engine_stats(self) -> inference_pb2.EngineStats:
+        return self.stats.snapshot()

@@ -10,6 +10,9 @@ A request runs as a sequence of vLLM submissions ("incarnations"):
   new prompt as a new session; vLLM's prefix cache serves the common prefix (whole blocks).
 - A complete prompt with nothing left to send as its own turn (Generate, or `finish` with an
   empty suffix after the context was submitted) is one plain submission.
+Stop strings go to vLLM (`SamplingParams.stop`, which needs vLLM to detokenize) so that it
+stops generating; the output text, and what of it may be streamed, come from the native
+engine's `OutputText` over the token ids, so both backends cut the text the same way.
 Events go to the caller's queue as the native engine's `EngineEvent`s and `RequestSummary`.
 """
 
@@ -28,6 +31,7 @@ from vllm.sampling_params import RequestOutputKind
 from vllm.v1.engine.async_llm import AsyncLLM
 
 from inference_svc.engine.events import EngineEvent, EventKind
+from inference_svc.engine.output_text import OutputText
 from inference_svc.engine.request import FinishReason, RequestStats
 from inference_svc.engine.sampler import SamplingParams
 from inference_svc.engine_thread import RequestSummary
@@ -42,7 +46,7 @@ def vllm_params(params: SamplingParams, max_tokens: int) -> VllmSamplingParams:
     return VllmSamplingParams(
         temperature=params.temperature, top_p=params.top_p, top_k=params.top_k, seed=params.seed,
         max_tokens=max_tokens, stop_token_ids=list(params.stop_token_ids), ignore_eos=params.ignore_eos,
-        output_kind=RequestOutputKind.DELTA, detokenize=False)
+        stop=list(params.stop), output_kind=RequestOutputKind.DELTA, detokenize=bool(params.stop))
 
 
 INTERMEDIATE = VllmSamplingParams(max_tokens=1, temperature=0.0, output_kind=RequestOutputKind.DELTA,
@@ -63,7 +67,7 @@ class VllmRequest:
         self.on_end = on_end
         self.stats = RequestStats(arrival_time=arrived_at, last_input_time=arrived_at)
         self.output: list[int] = []
-        self._text = ""
+        self.output_text = OutputText(decode, sampling.stop)
         self._incarnation = 0
         self._task: asyncio.Task | None = None
         self._inputs: asyncio.Queue | None = None   # chunks for the running session; None: not a session
@@ -82,12 +86,14 @@ class VllmRequest:
 
     def append(self, segments, arrived_at: float) -> None:
         new = self.prompt.append(segments)
+        self.stats.num_appends += 1
         self._arrived(arrived_at)
         if new:
             self._send(new)
 
     def update(self, segments, arrived_at: float) -> None:
         lcp = self.prompt.update(segments)
+        self.stats.num_updates += 1
         self._arrived(arrived_at)
         if lcp < self._submitted:    # tokens vLLM has were replaced: resubmit, the prefix cache keeps the LCP
             self.stats.tokens_invalidated += self._submitted - lcp
@@ -174,8 +180,10 @@ class VllmRequest:
                         self._emit(EventKind.SCHEDULED)
                     self.stats.prefix_cache_hit_tokens = max(self.stats.prefix_cache_hit_tokens,
                                                              out.num_cached_tokens or 0)
-                    if turn == self._final_turn:
-                        self._accept(list(completion.token_ids))
+                    if turn == self._final_turn and self._accept(list(completion.token_ids),
+                                                                 completion.finish_reason is not None):
+                        self._end(FinishReason.STOP)   # a stop string; leaving closes the vLLM request
+                        return
                     if completion.finish_reason is not None:
                         if turn == self._final_turn:
                             self._end(FINISH_REASONS.get(completion.finish_reason, FinishReason.STOP))
@@ -189,18 +197,21 @@ class VllmRequest:
                 self.events.put_nowait(exc)
 
     # --- events ---------------------------------------------------------------------------------
-    def _accept(self, token_ids: list[int]) -> None:
-        for token in token_ids:
+    def _accept(self, token_ids: list[int], finishing: bool) -> bool:
+        """Emit the new tokens; True when a stop string appeared (the rest is dropped).
+        `finishing`: vLLM ends the request after these tokens."""
+        for i, token in enumerate(token_ids):
             if not self.output:
                 self.stats.first_token_time = time.monotonic()
                 self._emit(EventKind.FIRST_TOKEN)
             self.output.append(token)
-            text = self.decode(self.output)
-            delta = ""
-            if not text.endswith("\ufffd"):
-                delta = text[len(self._text):] if text.startswith(self._text) else text
-                self._text = text
-            self._emit(EventKind.TOKEN, token_id=token, text=delta)
+            # As in the native engine: a stop token's own text is not part of the output.
+            stopped = token not in self.sampling.stop_token_ids and self.output_text.add(self.output)
+            last = stopped or (finishing and i == len(token_ids) - 1)
+            self._emit(EventKind.TOKEN, token_id=token, text=self.output_text.take(final=last))
+            if stopped:
+                return True
+        return False
 
     def _end(self, reason: FinishReason) -> None:
         self.finished = True
@@ -208,7 +219,7 @@ class VllmRequest:
         self.stats.tokens_computed = len(self.prompt.tokens) - self.stats.prefix_cache_hit_tokens + len(self.output)
         self._emit(EventKind.FINISHED, detail=reason.value)
         summary = RequestSummary(self.request_id, reason, self.stats, len(self.prompt.tokens), tuple(self.output),
-                                 self.decode(self.output))
+                                 self.output_text.final)
         self.on_end(summary)
         self.events.put_nowait(summary)
 

@@ -92,12 +92,13 @@ class EngineMachine(RuleBasedStateMachine):
 
     @invariant()
     def blocks_are_accounted_for(self):
-        self.engine.kv.check_invariants()
+        kv = self.engine.scheduler.kv
+        kv.check_invariants()
         for r in self.engine.requests.values():
             if not r.is_finished:
                 assert r.num_computed_tokens <= r.num_tokens
-                held = self.engine.kv.num_device_blocks(r.request_id) or self.engine.kv.num_cpu_blocks(r.request_id)
-                assert held * self.engine.kv.block_size >= r.num_computed_tokens
+                held = kv.num_device_blocks(r.request_id) or kv.num_cpu_blocks(r.request_id)
+                assert held * kv.block_size >= r.num_computed_tokens
 
     def teardown(self):
         engine = self.engine
@@ -109,14 +110,14 @@ class EngineMachine(RuleBasedStateMachine):
                 break
             self._collect(engine.step())
         assert not engine.has_unfinished()
-        engine.kv.check_invariants()
-        assert engine.kv.device.num_free == engine.kv.device.num_blocks
-        assert engine.kv.cpu.num_free == engine.kv.cpu.num_blocks
+        engine.scheduler.kv.check_invariants()
+        assert engine.scheduler.kv.device.num_free == engine.scheduler.kv.device.num_blocks
+        assert engine.scheduler.kv.cpu.num_free == engine.scheduler.kv.cpu.num_blocks
         for rid, r in engine.requests.items():
             if r.finish_reason is not FinishReason.ABORT:
                 got = self.tokens.get(rid, [])
                 assert got == expected_output(r.prompt_token_ids, 3)[:len(got)], rid
-                capacity = engine.kv.device.num_blocks * engine.kv.block_size
+                capacity = engine.scheduler.kv.device.num_blocks * engine.scheduler.kv.block_size
                 assert len(got) == 3 or r.num_tokens == capacity, "stopped early with room to grow"
 
 

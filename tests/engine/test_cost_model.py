@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from inference_svc.engine.cost_model import CostModel, OnlineScale, PiecewiseLinear, profile_path
+from inference_svc.engine.cost_model import CostModel, OnlineScale, PiecewiseLinear, check_profile, profile_path
 
 # --- PiecewiseLinear ----------------------------------------------------------------------
 
@@ -35,22 +35,26 @@ def test_interpolates_linearly_between_knots():
     assert fit(250) == pytest.approx(40.0)
 
 
-def test_extrapolates_linearly_beyond_both_ends():
-    """Outside the knots the first and last segments are extended."""
+def test_flat_below_the_first_size_and_rising_beyond_the_last():
+    """Below the first knot the cost stays at its value (a smaller prompt is not free); beyond
+    the last the last segment is extended, at least at the average cost per unit."""
     fit = PiecewiseLinear.fit([(100, 10.0), (200, 20.0), (300, 50.0)])
-    assert fit(50) == pytest.approx(5.0)  # first segment: slope 0.1
-    assert fit(400) == pytest.approx(80.0)  # last segment: slope 0.3
+    assert fit(50) == pytest.approx(10.0)
+    assert fit(400) == pytest.approx(80.0)  # last segment: slope 0.3 (> the average 50/300)
     assert fit(1000) == pytest.approx(260.0)
+    flat_tail = PiecewiseLinear.fit([(100, 10.0), (200, 20.0), (300, 20.0)])
+    assert flat_tail(600) == pytest.approx(20.0 + 300 * 20.0 / 300)   # the average, 1/15 ms per unit
 
 
-def test_never_negative():
-    """Extrapolating a line below zero clamps to 0."""
-    fit = PiecewiseLinear.fit([(100, 1.0), (200, 11.0)])  # hits zero at x = 90
-    assert fit(90) == pytest.approx(0.0)
-    assert fit(0) == 0.0
-    assert fit(-1000) == 0.0
-    falling = PiecewiseLinear.fit([(0, 10.0), (10, 5.0)])  # decreasing tail
-    assert falling(100) == 0.0
+def test_never_zero_nor_decreasing():
+    """A fit never reaches zero and never decreases, whatever the measurements did."""
+    fit = PiecewiseLinear.fit([(100, 1.0), (200, 11.0)])
+    assert fit(0) == pytest.approx(1.0) and fit(-1000) == pytest.approx(1.0)
+    falling = PiecewiseLinear.fit([(0, 10.0), (10, 5.0)])  # measured falling
+    assert falling.adjusted
+    assert falling(0) == falling(10) == pytest.approx(7.5)
+    assert falling(100) > falling(10)
+    assert PiecewiseLinear.fit([(0, 0.0), (10, 0.0)])(5) > 0
 
 
 @pytest.mark.parametrize("points", [[], [(10, 1.0)], [(10, 1.0), (10, 2.0), (10.0, 3.0)]])
@@ -169,12 +173,12 @@ def test_non_positive_measurements_are_ignored(measured):
     assert model.swap_scale.value == 1.0 and model.swap_scale.samples == 0
 
 
-def test_observation_with_zero_prediction_is_ignored():
-    """Where the curve predicts 0 ms there is no ratio to learn from."""
+def test_one_wild_observation_moves_the_scale_by_a_bounded_step():
+    """Where the curve predicts next to nothing, one slow step cannot multiply every prediction."""
     model = CostModel(PiecewiseLinear([100, 200], [0.0, 10.0]), PiecewiseLinear([0, 10], [0.0, 1.0]))
-    model.observe_prefill(50, 5.0)  # curve clamps to 0 there
-    assert model.recompute_scale.samples == 0
-    assert model.recompute_scale.value == 1.0
+    model.observe_prefill(50, 5.0)  # the curve is at its floor there: the raw ratio is 5,000
+    assert model.recompute_scale.samples == 1
+    assert model.recompute_scale.value == pytest.approx(1.0 + 0.1 * (8.0 - 1.0))
 
 
 # --- profiles -----------------------------------------------------------------------------
@@ -231,3 +235,47 @@ def test_profile_saved_under_its_sanitised_path_loads(tmp_path):
     model = CostModel.load(path)
     assert model.swap_ms(64) == pytest.approx(6.0)
     assert model.source == str(path)
+
+
+# --- a fit that can be trusted ----------------------------------------------------------
+
+def test_a_profile_measured_under_contention_never_makes_a_long_prompt_free():
+    # Measured on a loaded machine without warm-up: 16 tokens took longer than 128.
+    fit = PiecewiseLinear.fit([(16, 2709.0), (128, 2188.0)])
+    assert fit.adjusted
+    values = [fit(x) for x in (0, 1, 16, 64, 128, 512, 4096, 32768)]
+    assert all(v > 0 for v in values)
+    assert values == sorted(values), "the fit decreased somewhere"
+    assert fit(4096) > fit(128), "beyond the last size the cost keeps rising"
+
+
+def test_a_clean_profile_is_kept_as_measured():
+    fit = PiecewiseLinear.fit([(16, 40.0), (256, 120.0), (1024, 450.0)])
+    assert not fit.adjusted
+    assert fit(256) == 120.0 and fit(16) == 40.0
+    assert fit(8) == 40.0                     # flat below the first size: never towards zero
+    assert fit(2048) >= 450.0 + (450.0 - 120.0) / 768 * 1024 - 1e-9
+
+
+def test_check_profile_names_a_profile_made_for_another_engine(tmp_path):
+    profile = {"device": "cpu", "model": "other-model", "dtype": "bfloat16", "block_size": 16,
+               "recompute_ms": [[16, 2709.0], [128, 2188.0]], "swap_ms": [[1, 0.1], [8, 0.5]]}
+    problems = check_profile(profile, {"model": "SmolLM2", "dtype": "float32", "block_size": 16})
+    assert any("model" in p for p in problems) and any("dtype" in p for p in problems)
+    assert any("recompute_ms falls with size" in p for p in problems)
+    path = tmp_path / "p.json"
+    path.write_text(json.dumps(profile))
+    warnings: list[str] = []
+    model = CostModel.load_checked(path, {"model": "SmolLM2", "dtype": "float32", "block_size": 16}, warnings.append)
+    assert model.source == "built-in" and warnings and "does not fit" in warnings[0]
+
+
+def test_a_falling_profile_for_this_engine_is_used_refit_with_a_warning(tmp_path):
+    profile = {"device": "cpu", "model": "m", "dtype": "float32", "block_size": 16,
+               "recompute_ms": [[16, 2709.0], [128, 2188.0]], "swap_ms": [[1, 0.1], [8, 0.5]]}
+    path = tmp_path / "p.json"
+    path.write_text(json.dumps(profile))
+    warnings: list[str] = []
+    model = CostModel.load_checked(path, {"model": "m", "dtype": "float32", "block_size": 16}, warnings.append)
+    assert model.source == str(path) and len(warnings) == 1 and "falls with size" in warnings[0]
+    assert model.recompute_ms(4096) > model.recompute_ms(128) > 0

@@ -80,7 +80,7 @@ def test_streamed_appends_give_the_one_shot_answer(embedded_model_dir, tokenizer
     assert not answer(events, "s"), "decoded before finish"
     engine.finish("s", SUFFIX)
     assert answer(drain(engine, events), "s") == reference
-    assert engine.kv.device.num_free == engine.kv.device.num_blocks
+    assert engine.scheduler.kv.device.num_free == engine.scheduler.kv.device.num_blocks
 
 
 def test_update_replacing_a_middle_document_gives_the_one_shot_answer(embedded_model_dir, tokenizer, reference):
@@ -119,6 +119,6 @@ def test_preempted_streams_still_give_the_one_shot_answer(embedded_model_dir, to
         assert counters.preemptions_recompute == 0
     if eviction == "recompute":
         assert counters.preemptions_swap == 0
-    engine.kv.check_invariants()
-    assert engine.kv.device.num_free == engine.kv.device.num_blocks
-    assert engine.kv.cpu.num_free == engine.kv.cpu.num_blocks
+    engine.scheduler.kv.check_invariants()
+    assert engine.scheduler.kv.device.num_free == engine.scheduler.kv.device.num_blocks
+    assert engine.scheduler.kv.cpu.num_free == engine.scheduler.kv.cpu.num_blocks

@@ -94,8 +94,8 @@ def test_memory_pressure_preempts_yet_answers_stay_exact(policy, eviction):
         assert engine.counters.preemptions_swap == 0
     if eviction == "swap":
         assert engine.counters.preemptions_recompute == 0
-    engine.kv.check_invariants()
-    assert engine.kv.device.num_free == 40 and engine.kv.cpu.num_free == 200
+    engine.scheduler.kv.check_invariants()
+    assert engine.scheduler.kv.device.num_free == 40 and engine.scheduler.kv.cpu.num_free == 200
 
 
 def test_cost_mode_recomputes_when_the_model_says_recompute_is_cheap():
@@ -122,13 +122,13 @@ def test_update_of_a_swapped_request_invalidates_its_cpu_copy():
     engine.finish("new", SUFFIX)
     engine.step()
     assert engine.requests["old"].state.value == "swapped"
-    cpu_before = engine.kv.num_cpu_blocks("old")
+    cpu_before = engine.scheduler.kv.num_cpu_blocks("old")
     engine.update("old", DOCS[:1])
-    assert engine.kv.num_cpu_blocks("old") < cpu_before
+    assert engine.scheduler.kv.num_cpu_blocks("old") < cpu_before
     engine.finish("old", SUFFIX)
     events = run_to_completion(engine)
     assert tokens_of(events, "old") == expected_output(prompt_tokens(engine, HEAD + DOCS[:1] + SUFFIX), 6)
-    assert engine.kv.device.num_free == 40 and engine.kv.cpu.num_free == 200
+    assert engine.scheduler.kv.device.num_free == 40 and engine.scheduler.kv.cpu.num_free == 200
 
 
 def test_shared_preamble_is_computed_once():
@@ -162,9 +162,9 @@ def test_abort_frees_every_block():
     engine = fake_engine(device_blocks=64)
     engine.open("r", HEAD + DOCS[:2], GREEDY)
     engine.step()
-    assert engine.kv.device.num_free < 64
+    assert engine.scheduler.kv.device.num_free < 64
     engine.abort("r")
-    assert engine.kv.device.num_free == 64
+    assert engine.scheduler.kv.device.num_free == 64
     assert engine.requests["r"].finish_reason.value == "abort"
 
 
@@ -200,7 +200,7 @@ def test_bad_input_raises_clear_errors_and_changes_nothing():
         engine.finish("e", [])
     engine.abort("e")
     run_to_completion(engine)
-    assert engine.kv.device.num_free == 8
+    assert engine.scheduler.kv.device.num_free == 8
 
 
 def test_finish_without_suffix_after_full_prefill_still_answers():
@@ -215,7 +215,7 @@ def test_finish_without_suffix_after_full_prefill_still_answers():
     events = run_to_completion(engine)
     assert tokens_of(events, "b") == expected_output(prompt_tokens(engine, HEAD + DOCS), 6)
     assert tokens_of(events, "a") == expected_output(prompt_tokens(engine, HEAD + DOCS + SUFFIX), 6)
-    engine.kv.check_invariants()
+    engine.scheduler.kv.check_invariants()
 
 
 def test_input_arrival_time_given_by_the_caller_is_what_ttft_counts_from():

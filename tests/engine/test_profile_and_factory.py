@@ -21,7 +21,7 @@ REPO = Path(__file__).resolve().parents[2]
 def test_profile_command_writes_a_profile_the_cost_model_loads(embedded_model_dir, tmp_path):
     out = tmp_path / "profile.json"
     proc = subprocess.run(
-        [sys.executable, "-m", "orchestrator.cli", "profile", "--model", str(embedded_model_dir),
+        [sys.executable, "-m", "streamrag.cli", "profile", "--model", str(embedded_model_dir),
          "--tokens", "16,128", "--repeats", "1", "--out", str(out)],
         cwd=REPO, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
@@ -35,11 +35,14 @@ def test_profile_command_writes_a_profile_the_cost_model_loads(embedded_model_di
 
 
 def test_factory_sizes_the_device_pool_from_bytes_and_answers(embedded_model_dir, tmp_path):
-    per_block = kv_bytes_per_block(load_config(embedded_model_dir), 16, __import__("torch").bfloat16)
+    from inference_svc.engine.factory import DTYPES
+    from servicekit.hardware import resolve_dtype
+
+    per_block = kv_bytes_per_block(load_config(embedded_model_dir), 16, DTYPES[resolve_dtype("auto")])
     spec = EngineSpec(model_dir=embedded_model_dir, kv_device_bytes=40 * per_block + 1, kv_cpu_blocks=8,
                       engine=EngineConfig(policy="mcps"), profile=tmp_path / "missing.json")
     engine = build_engine(spec)
-    assert engine.kv.device.num_blocks == 40
+    assert engine.scheduler.kv.device.num_blocks == 40
     assert engine.cost_model.source == "built-in"
     engine.open("q", [Segment(text="<|im_start|>user\nWhat is the capital of France?<|im_end|>\n"
                                    "<|im_start|>assistant\n")], SamplingParams(max_tokens=8))

@@ -13,8 +13,9 @@ import pytest
 
 from load_tests.plots import ccdf, config_label, write_plots
 from load_tests.replay import add_bench_replay_args, final_documents, poisson_arrivals, run_bench_replay, scale_query
-from load_tests.report import BASELINE_ONCE_KEYS, add_speedups, percentile, render_report
+from load_tests.report import BASELINE_ONCE_KEYS, add_speedups, render_report
 from retriever_svc.trace import TraceChunk, TraceDocument, TraceHeader, TraceQuery, read_trace, write_trace
+from servicekit.stats import percentile
 
 SENTENCE = ("generators yield values lazily while a list comprehension builds a whole list at once and "
             "the with statement closes files even when the block raises an exception")

@@ -11,20 +11,13 @@ from pathlib import Path
 
 import pytest
 
-from load_tests.trace_synth import (
-    PUBLISHED,
-    ApproxTokenCounter,
-    DocTokens,
-    PassagePool,
-    SynthParams,
-    add_trace_synth_args,
-    anns_stage_lists,
-    measure_query,
-    run_trace_synth,
-    statistics_table,
-    synthesize,
-    trace_statistics,
-)
+from load_tests.synth.models import MODELS
+from load_tests.synth.passage_pool import PassagePool
+from load_tests.synth.published import PUBLISHED
+from load_tests.synth.synthesize import SynthParams, anns_stage_lists, synthesize
+from load_tests.synth.tokens import ApproxTokenCounter, DocTokens
+from load_tests.synth.trace_stats import measure_query, measure_trace, statistics_table, trace_statistics
+from load_tests.trace_synth import add_trace_synth_args, run_trace_synth
 from retriever_svc.corpus.passages import Passage
 from retriever_svc.corpus.store import write_store
 from retriever_svc.trace import read_trace
@@ -63,6 +56,10 @@ def pool() -> PassagePool:
 
 def params(workload: str, **kw) -> SynthParams:
     return SynthParams(workload, **{"queries": 40, "token_scale": 0.02, **kw})
+
+
+def statistics(queries) -> dict[str, float]:
+    return trace_statistics(queries, measure_trace(queries, DocTokens(ApproxTokenCounter())))
 
 
 def contexts(query) -> list[list]:
@@ -146,8 +143,8 @@ def test_time_scale_multiplies_every_time(workload: str, pool: PassagePool) -> N
         assert [c.documents for c in a.chunks] == [c.documents for c in b.chunks]
         for ca, cb in zip(a.chunks, b.chunks, strict=True):
             assert cb.t_s == pytest.approx(3 * ca.t_s, abs=5e-6)
-    gaps = trace_statistics(base, DocTokens(ApproxTokenCounter()))["gap_median_ms"]
-    assert trace_statistics(slow, DocTokens(ApproxTokenCounter()))["gap_median_ms"] == pytest.approx(3 * gaps, rel=1e-3)
+    gaps = statistics(base)["gap_median_ms"]
+    assert statistics(slow)["gap_median_ms"] == pytest.approx(3 * gaps, rel=1e-3)
 
 
 @pytest.mark.parametrize("workload", ["crawler", "anns"])
@@ -197,6 +194,22 @@ def test_cli_writes_a_valid_trace_with_header_and_prints_published_beside_synthe
     assert code == 0 and read_trace(again).queries == trace.queries
 
 
+def test_cli_measures_each_query_once(store_path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import load_tests.synth.trace_stats as trace_stats
+
+    measured: list[str] = []
+    original = trace_stats.measure_query
+
+    def counting(query, tokens):
+        measured.append(query.query_id)
+        return original(query, tokens)
+
+    monkeypatch.setattr(trace_stats, "measure_query", counting)
+    code, out = run_cli(tmp_path, store_path, "--workload", "anns", "--queries", "12", "--token-scale", "0.02")
+    assert code == 0
+    assert sorted(measured) == sorted(q.query_id for q in read_trace(out).queries)      # each once
+
+
 def test_cli_reports_a_missing_store(tmp_path: Path) -> None:
     code, out = run_cli(tmp_path, tmp_path / "absent.sqlite", "--workload", "crawler")
     assert code == 2 and not out.exists()
@@ -205,7 +218,7 @@ def test_cli_reports_a_missing_store(tmp_path: Path) -> None:
 def test_statistics_meet_the_scaled_targets_on_a_larger_sample(pool: PassagePool) -> None:
     for workload in ("crawler", "anns"):
         queries = synthesize(SynthParams(workload, queries=300, token_scale=0.05, time_scale=1.0), pool)
-        stats = trace_statistics(queries, DocTokens(ApproxTokenCounter()))
+        stats = statistics(queries)
         pub = PUBLISHED[workload]
         for key in ("mean", "p50", "p95"):
             assert stats[f"tokens_{key}"] == pytest.approx(pub["tokens_per_query"][key] * 0.05, rel=0.1), key
@@ -227,13 +240,21 @@ def test_published_figures_match_the_shared_calibration_file() -> None:
             assert shared[theirs][key] == value, (ours, key)
 
 
+@pytest.mark.parametrize("workload", ["crawler", "anns"])
+def test_workload_models_aim_at_the_published_figures(workload: str) -> None:
+    model, pub = MODELS[workload], PUBLISHED[workload]
+    assert model.tokens == tuple(pub["tokens_per_query"][key] for key in ("mean", "p50", "p95"))
+    assert model.retrieval_mean_s == pub["retrieval_latency_s"]["mean"]
+    assert model.gap_median_s * 1000 == pytest.approx(pub["inter_chunk_arrival_ms"]["median"])
+
+
 def test_embedded_tokenizer_cuts_at_token_boundaries_and_the_approximation_tracks_it() -> None:
     from inference_svc.embedded_model import embedded_model_dir
 
     if not (embedded_model_dir() / "tokenizer.json").is_file():
         pytest.skip("the embedded model is not prepared")
     pytest.importorskip("transformers")
-    from load_tests.trace_synth import EmbeddedTokenCounter
+    from load_tests.synth.tokens import EmbeddedTokenCounter
 
     counter = EmbeddedTokenCounter.load()
     text = "\n\n".join(p.text for p in tiny_passages()[:6])

@@ -82,6 +82,16 @@ def without_timing(chunk: retriever_pb2.ContextChunk) -> retriever_pb2.ContextCh
     return out
 
 
+def expected_chunks(q: TraceQuery) -> list:
+    """What the replay retriever streams for `q`: each chunk, an update with its stability hints."""
+    out, previous = [], None
+    for chunk in q.chunks:
+        out.append(chunk_to_proto(chunk, previous))
+        if chunk.mode == "update":
+            previous = [d.id for d in chunk.documents]
+    return out
+
+
 def contents(q: TraceQuery) -> list[tuple]:
     """A query's chunks without their times."""
     return [(c.mode, c.final, c.stage, c.documents) for c in q.chunks]
@@ -93,7 +103,10 @@ async def test_replay_streams_the_trace_chunks_in_order() -> None:
     assert [c.seq for c in got] == [0, 1, 2]
     assert [c.final for c in got] == [False, False, True]
     assert all(c.mode == retriever_pb2.CHUNK_MODE_UPDATE for c in got)
-    assert [without_timing(c) for c in got] == [chunk_to_proto(c) for c in ANNS.chunks]
+    assert [without_timing(c) for c in got] == expected_chunks(ANNS)
+    # stability hints on the refinements (retriever_svc.stability), none on the final stage
+    assert all(d.HasField("stability") for c in got[:-1] for d in c.documents)
+    assert not any(d.HasField("stability") for d in got[-1].documents)
     first = got[0].documents[0]
     assert (first.id, first.title, first.url, first.text, first.score, first.source) == (
         "d1", "Title 1", "http://127.0.0.1/1.html", "text of document 1", 0.5, "replay")
@@ -132,9 +145,9 @@ def test_query_is_chosen_by_id_then_text_then_a_stable_hash() -> None:
 async def test_query_selection_over_grpc_and_an_unknown_option() -> None:
     async with serving(ReplayBackend(TRACE, time_scale=0)) as address:
         by_text = await retrieve(address, ANNS.query)
-        assert [without_timing(c) for _, c in by_text] == [chunk_to_proto(c) for c in ANNS.chunks]
+        assert [without_timing(c) for _, c in by_text] == expected_chunks(ANNS)
         by_id = await retrieve(address, ANNS.query, query_id="crawl-1")
-        assert [without_timing(c) for _, c in by_id] == [chunk_to_proto(c) for c in CRAWL.chunks]
+        assert [without_timing(c) for _, c in by_id] == expected_chunks(CRAWL)
         with pytest.raises(grpc.aio.AioRpcError) as caught:
             await retrieve(address, "question", depth="2")
         assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT

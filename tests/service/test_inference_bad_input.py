@@ -7,6 +7,7 @@ still be SERVING, still answer a small Generate exactly as before, and hold no K
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -88,9 +89,10 @@ HUGE_TEXT = seg("a" * (MAX_SEGMENT_CHARS + 1))
 TOO_MANY_SEGMENTS = [seg("x")] * (MAX_SEGMENTS_PER_MESSAGE + 1)
 BEYOND_CONTEXT = ids(*([42] * 9000))
 THIRD_OF_CONTEXT = ids(*([42] * 3000))
-LIMIT_TEXT = f"the limit is {MAX_SEGMENT_CHARS}"
+TOO_LONG = "prompt too long: "   # how every too-long answer starts, whichever limit it hits
+LIMIT_TEXT = f"has {MAX_SEGMENT_CHARS + 1} characters; the limit is {MAX_SEGMENT_CHARS} per segment"
 RANGE_TEXT = f"token ids must be in [0, {VOCAB})"
-TOO_LONG_TEXT = f"exceeds the limit of {CONTEXT_LIMIT}"
+TOO_LONG_TEXT = f"prompt too long: 9000 tokens; the limit is {CONTEXT_LIMIT}"
 
 # (call, code, fragment of the status message); the test id names the input.
 CASES = [
@@ -137,11 +139,12 @@ CASES = [
     pytest.param(via_generate(generate_request([ids(10**9)])), INVALID, RANGE_TEXT, id="token-id-huge"),
     pytest.param(via_stream(open_msg("vocab-edge", HEAD), append_msg(ids(VOCAB)), finish_msg(*SUFFIX)), INVALID,
                  RANGE_TEXT, id="token-id-vocab-size-in-append"),
-    pytest.param(via_generate(generate_request([HUGE_TEXT])), INVALID, LIMIT_TEXT, id="oversize-segment-generate"),
-    pytest.param(via_stream(open_msg("huge", HEAD), append_msg(HUGE_TEXT), finish_msg(*SUFFIX)), INVALID, LIMIT_TEXT,
-                 id="oversize-segment-append"),
-    pytest.param(via_generate(generate_request(TOO_MANY_SEGMENTS)), INVALID,
-                 f"at most {MAX_SEGMENTS_PER_MESSAGE} segments per message", id="too-many-segments"),
+    pytest.param(via_generate(generate_request([HUGE_TEXT])), EXHAUSTED, LIMIT_TEXT, id="oversize-segment-generate"),
+    pytest.param(via_stream(open_msg("huge", HEAD), append_msg(HUGE_TEXT), finish_msg(*SUFFIX)), EXHAUSTED,
+                 LIMIT_TEXT, id="oversize-segment-append"),
+    pytest.param(via_generate(generate_request(TOO_MANY_SEGMENTS)), EXHAUSTED,
+                 f"{MAX_SEGMENTS_PER_MESSAGE + 1} segments in one message; the limit is {MAX_SEGMENTS_PER_MESSAGE}",
+                 id="too-many-segments"),
     # --- sampling -------------------------------------------------------------------------
     pytest.param(via_generate(generate_request(SMALL_PROMPT, temperature=-0.5)), INVALID,
                  "temperature must be a finite number >= 0", id="negative-temperature"),
@@ -159,16 +162,16 @@ CASES = [
                  id="negative-max-tokens"),
     pytest.param(via_stream(open_msg("absurd-max", SMALL_PROMPT, max_tokens=10**9), finish_msg()), INVALID,
                  "max_tokens must be in [1,", id="absurd-max-tokens"),
-    pytest.param(via_generate(generate_request(SMALL_PROMPT, stop=["\n"])), INVALID, "stop strings are not supported",
-                 id="stop-strings"),
+    pytest.param(via_generate(generate_request(SMALL_PROMPT, stop=[f"s{i}" for i in range(17)])), INVALID,
+                 "at most 16 stop strings, got 17", id="too-many-stop-strings"),
+    pytest.param(via_stream(open_msg("empty-stop", SMALL_PROMPT, stop=["ok", ""]), finish_msg()), INVALID,
+                 "stop strings must be non-empty and at most 256 characters", id="empty-stop-string"),
+    pytest.param(via_generate(generate_request(SMALL_PROMPT, stop=["x" * 257])), INVALID,
+                 "stop strings must be non-empty and at most 256 characters", id="stop-string-too-long"),
     pytest.param(via_generate(generate_request(SMALL_PROMPT, seed=-1)), INVALID, "seed must be", id="negative-seed"),
     pytest.param(via_generate(generate_request(SMALL_PROMPT, stop_token_ids=[-3])), INVALID,
                  "stop_token_ids must be non-negative", id="negative-stop-token-id"),
-    # --- hints and ids ----------------------------------------------------------------------
-    pytest.param(via_generate(generate_request(SMALL_PROMPT, policy_hint="yolo")), INVALID,
-                 "unknown policy hint 'yolo'", id="unknown-policy-hint-generate"),
-    pytest.param(via_stream(open_with_hint("bad-hint", SMALL_PROMPT, "LCAS "), finish_msg()), INVALID,
-                 "unknown policy hint", id="unknown-policy-hint-stream"),
+    # --- ids --------------------------------------------------------------------------------
     pytest.param(via_generate(generate_request(SMALL_PROMPT, request_id="bad\x00id\n")), INVALID,
                  "request_id must be printable", id="request-id-control-chars"),
     pytest.param(via_stream(open_msg("x" * (MAX_REQUEST_ID_CHARS + 1), SMALL_PROMPT), finish_msg()), INVALID,
@@ -179,12 +182,13 @@ CASES = [
     pytest.param(via_stream(open_msg("long-open", [BEYOND_CONTEXT]), finish_msg()), EXHAUSTED, TOO_LONG_TEXT,
                  id="prompt-beyond-context-open"),
     pytest.param(via_stream(open_msg("grows", HEAD), append_msg(THIRD_OF_CONTEXT), append_msg(THIRD_OF_CONTEXT),
-                            append_msg(THIRD_OF_CONTEXT), finish_msg(*SUFFIX)), EXHAUSTED, "exceeds the limit of",
-                 id="prompt-grows-beyond-context-via-appends"),
+                            append_msg(THIRD_OF_CONTEXT), finish_msg(*SUFFIX)), EXHAUSTED,
+                 f"; the limit is {CONTEXT_LIMIT}", id="prompt-grows-beyond-context-via-appends"),
     pytest.param(via_stream(open_msg("long-update", HEAD), append_msg(*DOCS), update_msg(BEYOND_CONTEXT),
-                            finish_msg(*SUFFIX)), EXHAUSTED, "exceeds the limit of", id="update-beyond-context"),
+                            finish_msg(*SUFFIX)), EXHAUSTED, f"; the limit is {CONTEXT_LIMIT}",
+                 id="update-beyond-context"),
     pytest.param(via_stream(open_msg("long-suffix", HEAD), finish_msg(BEYOND_CONTEXT)), EXHAUSTED,
-                 "exceeds the limit of", id="suffix-beyond-context"),
+                 f"; the limit is {CONTEXT_LIMIT}", id="suffix-beyond-context"),
 ]
 
 
@@ -212,6 +216,8 @@ def expect_error(call: Call, stub, code: grpc.StatusCode, fragment: str) -> grpc
     error = info.value
     assert error.code() == code, error.details()
     assert fragment in error.details()
+    if code == EXHAUSTED and "open streams" not in fragment:
+        assert error.details().startswith(TOO_LONG), error.details()
     return error
 
 
@@ -396,4 +402,92 @@ def test_valid_stream_undisturbed_by_concurrent_hostile_calls(inference, baselin
     assert answer.tokens == expected.tokens
     assert answer.text == expected.text
     assert answer.done.stats.tokens_invalidated == 0
+    assert_healthy(inference, baseline)
+
+
+# --- advisory hints, too-long prompts, undecodable bytes ---------------------------------------
+def in_process(service: RunningInference) -> bool:
+    """The native harness runs the server in this process, so its log records reach caplog."""
+    return hasattr(service, "service")
+
+
+def test_unknown_policy_hint_is_accepted_and_logged(inference, baseline, caplog):
+    caplog.set_level(logging.WARNING)
+    answer = collect(inference.stub.Generate(generate_request(SMALL_PROMPT, max_tokens=3, policy_hint="yolo"),
+                                             timeout=60))
+    assert answer.tokens == baseline.tokens
+    answer = collect(inference.stub.StreamPrompt(iter([open_with_hint("odd-hint", SMALL_PROMPT, "LCAS "),
+                                                       finish_msg()]), timeout=60))
+    assert answer.done is not None and answer.done.request_id == "odd-hint"
+    if in_process(inference):
+        warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+        assert any("ignoring unknown policy hint 'yolo'" in m for m in warnings), warnings
+        assert any("ignoring unknown policy hint 'LCAS '" in m for m in warnings), warnings
+    assert_healthy(inference, baseline)
+
+
+def test_a_prompt_too_long_is_answered_the_same_whichever_limit_it_hits(inference, baseline):
+    too_many_ids = common_pb2.Segment(token_ids=common_pb2.TokenIds(ids=[42] * (MAX_SEGMENT_CHARS + 1)))
+    calls = {
+        "segment characters": via_generate(generate_request([HUGE_TEXT])),
+        "segment token ids": via_stream(open_msg("many-ids", HEAD), append_msg(too_many_ids), finish_msg(*SUFFIX)),
+        "segments per message": via_stream(open_msg("many-segs", TOO_MANY_SEGMENTS), finish_msg()),
+        "tokens beyond the context": via_stream(open_msg("many-tokens", HEAD), update_msg(BEYOND_CONTEXT),
+                                                finish_msg(*SUFFIX)),
+    }
+    for limit, call in calls.items():
+        error = expect_error(call, inference.stub, EXHAUSTED, TOO_LONG)
+        assert "; the limit is " in error.details(), (limit, error.details())
+    assert_healthy(inference, baseline)
+
+
+def undecodable(message, placeholder: str = "PLACEHOLDER") -> bytes:
+    """`message` serialized, with `placeholder` (in a string field) replaced by as many bytes
+    that are not UTF-8, so every length prefix stays right."""
+    data = message.SerializeToString()
+    bad = b"abc \xff\xfe defg"
+    assert len(bad) == len(placeholder.encode()) and data.count(placeholder.encode()) == 1
+    return data.replace(placeholder.encode(), bad)
+
+
+CORRUPT = b"\x0a\x05ab"   # field 1, 5 bytes long, but only 2 follow
+BAD_UTF8_GENERATE = undecodable(generate_request([seg("PLACEHOLDER")], request_id="bad-utf8"))
+BAD_UTF8_OPEN = undecodable(open_msg("bad-utf8-open", [seg("PLACEHOLDER")]))
+BAD_UTF8_APPEND = undecodable(append_msg(seg("PLACEHOLDER", "doc")))
+
+# (method, how it is called, the request bytes, fragment of the status message)
+UNDECODABLE = [
+    pytest.param("Generate", "unary_stream", CORRUPT, "undecodable request message", id="generate-corrupt"),
+    pytest.param("Generate", "unary_stream", BAD_UTF8_GENERATE, "UTF-8", id="generate-bad-utf8-text"),
+    pytest.param("Describe", "unary_unary", CORRUPT, "undecodable request message", id="describe-corrupt"),
+    pytest.param("GetStats", "unary_unary", CORRUPT, "undecodable request message", id="get-stats-corrupt"),
+    pytest.param("StreamPrompt", "stream_stream", [CORRUPT], "undecodable request message", id="stream-corrupt-first"),
+    pytest.param("StreamPrompt", "stream_stream", [BAD_UTF8_OPEN, finish_msg().SerializeToString()], "UTF-8",
+                 id="stream-bad-utf8-open"),
+    pytest.param("StreamPrompt", "stream_stream",
+                 [open_msg("bad-utf8-later", HEAD).SerializeToString(), BAD_UTF8_APPEND,
+                  finish_msg(*SUFFIX).SerializeToString()], "UTF-8", id="stream-bad-utf8-append"),
+]
+
+
+@pytest.mark.parametrize(("method", "arity", "payload", "fragment"), UNDECODABLE)
+def test_undecodable_request_bytes_get_invalid_argument(inference, baseline, caplog, method, arity, payload,
+                                                        fragment):
+    caplog.set_level(logging.WARNING)
+    with grpc.insecure_channel(inference.address) as channel:
+        call = getattr(channel, arity)(f"/{SERVICE_NAME}/{method}")   # no serializers: raw bytes go out
+        with pytest.raises(grpc.RpcError) as info:
+            if arity == "stream_stream":
+                list(call(iter(payload), timeout=60))
+            elif arity == "unary_stream":
+                list(call(payload, timeout=60))
+            else:
+                call(payload, timeout=60)
+    error = info.value
+    assert error.code() == INVALID, error.details()
+    assert "undecodable request message" in error.details() and fragment in error.details()
+    if in_process(inference):
+        records = [r for r in caplog.records if "undecodable request message" in r.getMessage()]
+        assert records and all(r.levelno == logging.WARNING for r in records)
+        assert not [r for r in caplog.records if r.levelno >= logging.ERROR], "logged as a servicer exception"
     assert_healthy(inference, baseline)

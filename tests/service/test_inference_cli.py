@@ -3,6 +3,7 @@ Describe and Prometheus metrics, and stops cleanly on SIGTERM."""
 
 from __future__ import annotations
 
+import argparse
 import re
 import signal
 import subprocess
@@ -11,26 +12,27 @@ import urllib.request
 from pathlib import Path
 
 import grpc
+import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from inference_svc.engine.factory import DTYPES
 from inference_svc.engine.policies import POLICIES
 from inference_svc.engine.scheduler import EVICTION_MODES
-from inference_svc.server_args import DTYPE_CHOICES, EVICTION_CHOICES, POLICY_CHOICES
+from inference_svc.server_args import DTYPE_CHOICES, EVICTION_CHOICES, POLICY_CHOICES, add_inference_args
 from protos import common_pb2, inference_pb2, inference_pb2_grpc
 
 REPO = Path(__file__).resolve().parents[2]
 
 
 def test_flag_choices_match_the_engine():
-    assert list(POLICIES) == POLICY_CHOICES
-    assert list(EVICTION_MODES) == EVICTION_CHOICES
-    assert list(DTYPES) == DTYPE_CHOICES
+    assert tuple(POLICIES) == POLICY_CHOICES
+    assert tuple(EVICTION_MODES) == EVICTION_CHOICES
+    assert (*DTYPES, "auto") == (*DTYPE_CHOICES[1:], "auto") and DTYPE_CHOICES[0] == "auto"
 
 
 def test_serve_inference_command_serves_and_stops_on_sigterm(embedded_model_dir):
     proc = subprocess.Popen(
-        [sys.executable, "-m", "orchestrator.cli", "serve", "inference", "--port", "0", "--metrics-port", "0",
+        [sys.executable, "-m", "streamrag.cli", "serve", "inference", "--port", "0", "--metrics-port", "0",
          "--model", str(embedded_model_dir), "--policy", "lcas", "--kv-device-blocks", "64", "--kv-cpu-blocks", "64"],
         cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
@@ -65,7 +67,18 @@ def test_serve_inference_command_serves_and_stops_on_sigterm(embedded_model_dir)
 
 
 def test_serve_inference_rejects_a_bad_model_directory(tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "orchestrator.cli", "serve", "inference", "--model", str(tmp_path),
+    proc = subprocess.run([sys.executable, "-m", "streamrag.cli", "serve", "inference", "--model", str(tmp_path),
                            "--port", "0", "--metrics-port", "-1"], cwd=REPO, capture_output=True, text=True, timeout=60)
     assert proc.returncode != 0
     assert "not a model directory" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_speculative_flags_parse_off_and_reject_nonsense():
+    parser = argparse.ArgumentParser()
+    add_inference_args(parser)
+    assert parser.parse_args([]).speculative_share == 0.5
+    assert parser.parse_args(["--speculative-share", "off"]).speculative_share is None
+    args = parser.parse_args(["--speculative-share", "0.25", "--speculative-reserve-share", "0.125"])
+    assert (args.speculative_share, args.speculative_reserve_share) == (0.25, 0.125)
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--speculative-share", "0"])

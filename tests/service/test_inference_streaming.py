@@ -1,6 +1,7 @@
 """Black-box tests of the Inference service through real gRPC with the real model (fp32):
 streamed prompts answer exactly like Generate, under preemption too, cancellation frees
-every block, and many concurrent streams finish correctly."""
+every block, many concurrent streams finish correctly, `done` counts the appends and updates,
+and stop strings cut the answer."""
 
 from __future__ import annotations
 
@@ -31,9 +32,13 @@ OTHER = seg("[dicts] A dict maps keys to values; get() returns a default.\n", "d
 SUFFIX = [seg("<|im_end|>\n<|im_start|>assistant\n")]
 
 
-def generate(stub, segments, request_id, max_tokens=8):
+PARIS = [seg("<|im_start|>user\nWhat is the capital of France? Answer in one sentence.<|im_end|>\n"
+             "<|im_start|>assistant\n")]
+
+
+def generate(stub, segments, request_id, max_tokens=8, **sampling):
     request = inference_pb2.GenerateRequest(request_id=request_id, segments=segments,
-                                            sampling=common_pb2.SamplingParams(max_tokens=max_tokens))
+                                            sampling=common_pb2.SamplingParams(max_tokens=max_tokens, **sampling))
     return collect(stub.Generate(request, timeout=120))
 
 
@@ -47,6 +52,8 @@ def test_generate_answers_with_stats(reference):
     assert reference.done.stats.prompt_tokens > 40
     assert reference.lifecycle[:2] == ["LIFECYCLE_EVENT_KIND_QUEUED", "LIFECYCLE_EVENT_KIND_SCHEDULED"]
     assert reference.lifecycle[-1] == "LIFECYCLE_EVENT_KIND_FINISHED"
+    assert reference.text == reference.done.text
+    assert (reference.done.stats.num_appends, reference.done.stats.num_updates) == (0, 0)
 
 
 def test_streamed_appends_answer_like_generate(inference, reference):
@@ -56,6 +63,39 @@ def test_streamed_appends_answer_like_generate(inference, reference):
     stats = answer.done.stats
     assert stats.ttft_from_open_s >= stats.ttft_from_last_chunk_s > 0
     assert stats.tokens_invalidated == 0
+    assert (stats.num_appends, stats.num_updates) == (len(DOCS), 0)
+    inference.wait_until_all_blocks_free()
+
+
+def hinted(segment: common_pb2.Segment, stability: float) -> common_pb2.Segment:
+    out = common_pb2.Segment()
+    out.CopyFrom(segment)
+    out.stability = stability
+    return out
+
+
+def test_stability_hinted_refinements_answer_like_generate(inference, reference):
+    """Non-final refinements with stability hints (a newcomer deferred), then the final stage."""
+    refine = inference_pb2.StreamPromptRequest(update=inference_pb2.PromptUpdate(update=inference_pb2.PromptReplace(
+        segments=[hinted(DOCS[0], 0.3), hinted(OTHER, 0.3)], final_stage=False)))
+    refine2 = inference_pb2.StreamPromptRequest(update=inference_pb2.PromptUpdate(update=inference_pb2.PromptReplace(
+        segments=[hinted(DOCS[0], 0.9), hinted(DOCS[1], 0.3), hinted(DOCS[2], 0.3)], final_stage=False)))
+    final = inference_pb2.StreamPromptRequest(update=inference_pb2.PromptUpdate(update=inference_pb2.PromptReplace(
+        segments=DOCS, final_stage=True)))
+    messages = [open_msg("hinted", HEAD), refine, refine2, final, finish_msg(*SUFFIX)]
+    answer = collect(inference.stub.StreamPrompt(paced(messages, 0.3), timeout=120))
+    assert answer.tokens == reference.tokens
+    assert answer.done.stats.num_updates == 3
+    inference.wait_until_all_blocks_free()
+
+
+def test_a_stability_hint_out_of_range_is_invalid(inference):
+    bad = inference_pb2.StreamPromptRequest(update=inference_pb2.PromptUpdate(update=inference_pb2.PromptReplace(
+        segments=[hinted(DOCS[0], 1.5)])))
+    with pytest.raises(grpc.RpcError) as failure:
+        collect(inference.stub.StreamPrompt(iter([open_msg("bad-hint", HEAD), bad, finish_msg(*SUFFIX)]),
+                                            timeout=60))
+    assert failure.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     inference.wait_until_all_blocks_free()
 
 
@@ -65,6 +105,7 @@ def test_update_changing_a_middle_document_answers_like_generate(inference, refe
     answer = collect(inference.stub.StreamPrompt(paced(messages, 0.3), timeout=120))
     assert answer.tokens == reference.tokens
     assert answer.done.stats.tokens_invalidated > 0
+    assert (answer.done.stats.num_appends, answer.done.stats.num_updates) == (0, 2)
     assert "LIFECYCLE_EVENT_KIND_INVALIDATED" in answer.lifecycle
     inference.wait_until_all_blocks_free()
 
@@ -209,3 +250,52 @@ def test_get_stats_answers_while_a_long_step_runs(embedded_model_dir):
         collect(call)
     finally:
         service.stop()
+
+
+def test_done_counts_five_hundred_appends_and_the_updates(inference):
+    messages = [open_msg("many-appends", HEAD, max_tokens=2), *(append_msg(seg(f" {i}")) for i in range(500)),
+                update_msg(*DOCS), update_msg(DOCS[0]), append_msg(DOCS[1]), finish_msg(*SUFFIX)]
+    answer = collect(inference.stub.StreamPrompt(iter(messages), timeout=300))
+    assert (answer.done.stats.num_appends, answer.done.stats.num_updates) == (501, 2)
+    inference.wait_until_all_blocks_free()
+
+
+@pytest.fixture(scope="module")
+def paris(inference):
+    answer = generate(inference.stub, PARIS, "paris-reference", max_tokens=24)
+    assert "France" in answer.done.text and "Paris" in answer.done.text, answer.done.text
+    return answer
+
+
+@pytest.mark.parametrize("via", ["generate", "stream"])
+def test_a_stop_string_ends_the_answer_where_it_starts(inference, paris, via):
+    stop = {"stop": ["Paris", "Berlin"]}
+    if via == "generate":
+        answer = generate(inference.stub, PARIS, "paris-stop", max_tokens=24, **stop)
+    else:
+        messages = [open_msg("paris-stop-stream", [], max_tokens=24, **stop), append_msg(*PARIS), finish_msg()]
+        answer = collect(inference.stub.StreamPrompt(iter(messages), timeout=120))
+    assert answer.done.finish_reason == common_pb2.FINISH_REASON_STOP
+    assert answer.done.text == paris.done.text[:paris.done.text.index("Paris")]
+    assert answer.text == answer.done.text                    # the token events never ran past it
+    assert answer.tokens == paris.tokens[:len(answer.tokens)]  # the same greedy answer, cut short
+    inference.wait_until_all_blocks_free()
+
+
+def test_streamed_tokens_hold_back_a_stop_string_spanning_tokens(inference, paris):
+    text = paris.done.text
+    stop = text[text.index("France"):text.index("Paris") + 2]   # e.g. "France is Pa": several tokens
+    responses = inference.stub.StreamPrompt(iter([open_msg("spanning", PARIS, max_tokens=24, stop=[stop]),
+                                                  finish_msg()]), timeout=120)
+    streamed = ""
+    done = None
+    for response in responses:
+        event = response.event
+        if event.WhichOneof("kind") == "token":
+            streamed += event.token.text
+            assert "France" not in streamed, streamed   # could still be the stop string: held back
+        elif event.WhichOneof("kind") == "done":
+            done = event.done
+    assert done.finish_reason == common_pb2.FINISH_REASON_STOP
+    assert streamed == done.text == text[:text.index("France")]
+    inference.wait_until_all_blocks_free()

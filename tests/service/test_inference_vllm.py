@@ -6,7 +6,9 @@ streamed and one-shot answers agree exactly within the backend).
 The streaming, cancellation and bad-input tests are the native suite's own functions, imported
 here so they run with this module's `inference` fixture. Left out, being about the native
 engine's internals: the tiny-pool preemption tests, GetStats during a long native step, and the
-max-streams tests (which start native services; the stream-slot code is shared). The empty-suffix
+max-streams tests (which start native services; the stream-slot code is shared), and the
+500-appends count test (500 session turns; the counting is the same one line as for one append).
+The empty-suffix
 test is replaced by a vLLM variant (vLLM's prefix cache makes "prompt tokens computed" a poor
 signal that the head was prefilled).
 """
@@ -25,17 +27,23 @@ from tests.service.test_inference_bad_input import (  # noqa: F401 - collected a
     assert_healthy,
     baseline,
     gated,
+    test_a_prompt_too_long_is_answered_the_same_whichever_limit_it_hits,
     test_bad_input_is_rejected_and_harmless,
     test_duplicate_request_id_while_first_is_open,
+    test_undecodable_request_bytes_get_invalid_argument,
+    test_unknown_policy_hint_is_accepted_and_logged,
     test_valid_stream_undisturbed_by_concurrent_hostile_calls,
 )
 from tests.service.test_inference_streaming import (  # noqa: F401 - collected and run here
+    paris,
     reference,
+    test_a_stop_string_ends_the_answer_where_it_starts,
     test_cancel_mid_decode_frees_every_block,
     test_cancel_mid_prefill_frees_every_block,
     test_deadline_passing_aborts_and_frees,
     test_generate_answers_with_stats,
     test_streamed_appends_answer_like_generate,
+    test_streamed_tokens_hold_back_a_stop_string_spanning_tokens,
     test_twenty_concurrent_mixed_streams_complete_correctly,
     test_update_changing_a_middle_document_answers_like_generate,
 )

@@ -40,8 +40,8 @@ def test_append_update_finish_track_tokens_and_lcp():
 
 @pytest.mark.parametrize(("action", "error", "fragment"), [
     (lambda p: p.append([Segment(token_ids=(100,))]), EngineInputError, "token ids must be in [0, 100)"),
-    (lambda p: p.append([Segment(text="x" * 30)]), PromptTooLongError, "exceeds the limit of 20"),
-    (lambda p: p.update([Segment(text="x" * 30)]), PromptTooLongError, "exceeds the limit of 20"),
+    (lambda p: p.append([Segment(text="x" * 30)]), PromptTooLongError, "prompt too long: 32 tokens; the limit is 20"),
+    (lambda p: p.update([Segment(text="x" * 30)]), PromptTooLongError, "prompt too long: 32 tokens; the limit is 20"),
     (lambda p: p.finish([Segment(token_ids=(-1,))]), EngineInputError, "token ids must be in"),
 ])
 def test_bad_input_raises_the_engines_errors_and_changes_nothing(action, error, fragment):
@@ -72,7 +72,7 @@ def test_installer_leaves_transformers_to_vllm():
 
 
 def test_native_paths_do_not_import_vllm():
-    code = ("import sys; import inference_svc.server, inference_svc.engine.engine_bench, orchestrator.stack, "
+    code = ("import sys; import inference_svc.server, inference_svc.engine.engine_bench, streamrag.stack.commands, "
             "inference_svc.vllm_backend.launch; "
             "loaded = [m for m in sys.modules if m == 'vllm' or m.startswith('vllm.') "
             "or m in ('inference_svc.vllm_backend.engine', 'inference_svc.vllm_backend.service')]; "

@@ -13,6 +13,8 @@ import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from inference_svc.engine.options import DEFAULT_DEVICE, DEFAULT_DTYPE, DTYPE_CHOICES
+
 Handler = Callable[[argparse.Namespace], int]
 
 
@@ -40,12 +42,14 @@ def _cmd_profile(args: argparse.Namespace) -> int:
     from inference_svc.engine.factory import DTYPES, device_kind
     from inference_svc.engine.profiler import measure_profile, write_profile
     from servicekit.config import default_cache_dir
+    from servicekit.hardware import resolve_dtype
 
     model_dir = args.model or prepare_embedded_model(progress=False)
+    dtype = resolve_dtype(args.dtype, args.device)
     tokens = [int(t) for t in args.tokens.split(",")]
-    profile = measure_profile(model_dir, device=args.device, dtype=DTYPES[args.dtype], token_counts=tokens,
+    profile = measure_profile(model_dir, device=args.device, dtype=DTYPES[dtype], token_counts=tokens,
                               repeats=args.repeats, say=lambda m: print(m, file=sys.stderr, flush=True))
-    out = args.out or profile_path(default_cache_dir(), device_kind(args.device), Path(model_dir).name, args.dtype)
+    out = args.out or profile_path(default_cache_dir(), device_kind(args.device), Path(model_dir).name, dtype)
     print(write_profile(profile, Path(out)))
     return 0
 
@@ -67,14 +71,14 @@ def build_parser() -> argparse.ArgumentParser:
     prepare.add_argument("--quiet", action="store_true", help="no progress display")
     prepare.set_defaults(handler=_cmd_model_prepare)
 
-    from orchestrator.ask_cli import add_ask_args, add_requests_args
+    from streamrag.ask import add_ask_args, add_requests_args
 
     ask = commands.add_parser("ask", help="ask a question; the answer streams as retrieval goes on")
     add_ask_args(ask)
-    ask.set_defaults(handler=lazy("orchestrator.ask_cli:run_ask"))
+    ask.set_defaults(handler=lazy("streamrag.ask:run_ask"))
     requests = commands.add_parser("requests", help="recent requests, or one request's lifecycle from Redis")
     add_requests_args(requests)
-    requests.set_defaults(handler=lazy("orchestrator.ask_cli:run_requests"))
+    requests.set_defaults(handler=lazy("streamrag.ask:run_requests"))
 
     serve = commands.add_parser("serve", help="run one service in the foreground")
     serve_cmds = serve.add_subparsers(dest="serve_command", metavar="SERVICE", required=True)
@@ -122,8 +126,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     profile = commands.add_parser("profile", help="measure recompute and swap latency for the cost model")
     profile.add_argument("--model", type=Path, default=None, help="model directory (default: the embedded model)")
-    profile.add_argument("--device", default="cpu", help="cpu or cuda[:N]")
-    profile.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32", "float16"])
+    profile.add_argument("--device", default=DEFAULT_DEVICE, help="cpu or cuda[:N]")
+    profile.add_argument("--dtype", default=DEFAULT_DTYPE, choices=DTYPE_CHOICES)
     profile.add_argument("--tokens", default="16,64,256,512,1024,2048,4096", help="prefill sizes to measure")
     profile.add_argument("--repeats", type=int, default=3)
     profile.add_argument("--out", type=Path, default=None, help="profile JSON (default: the cache's profile path)")
@@ -133,8 +137,8 @@ def build_parser() -> argparse.ArgumentParser:
     bench_cmds = bench.add_subparsers(dest="bench_command", metavar="BENCH", required=True)
     engine = bench_cmds.add_parser("engine", help="prefill tokens/s vs transformers; scheduler overhead")
     engine.add_argument("--model", type=Path, default=None, help="model directory (default: the embedded model)")
-    engine.add_argument("--device", default="cpu")
-    engine.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32", "float16"])
+    engine.add_argument("--device", default=DEFAULT_DEVICE)
+    engine.add_argument("--dtype", default=DEFAULT_DTYPE, choices=DTYPE_CHOICES)
     engine.add_argument("--prompt-lengths", default="512,2048,4096")
     engine.add_argument("--repeats", type=int, default=3)
     engine.add_argument("--json", type=Path, default=None, help="write the results here")
@@ -149,24 +153,30 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_bench_replay_args(replay)
     replay.set_defaults(handler=lazy("load_tests.replay:run_bench_replay"))
+    quality = bench_cmds.add_parser("quality", help="retrieval quality through the stack: hit@k of the answering "
+                                                    "page, time to the first relevant chunk, per retriever")
+    from load_tests.quality import add_bench_quality_args
 
-    from orchestrator.stack import add_down_args, add_status_args, add_up_args
+    add_bench_quality_args(quality)
+    quality.set_defaults(handler=lazy("load_tests.quality:run_bench_quality"))
+
+    from streamrag.stack.commands import add_down_args, add_status_args, add_up_args
 
     up = commands.add_parser("up", help="start the whole stack on this machine as processes")
     add_up_args(up)
-    up.set_defaults(handler=lazy("orchestrator.stack:run_up"))
+    up.set_defaults(handler=lazy("streamrag.stack.commands:run_up"))
     status = commands.add_parser("status", help="health and key stats of the local stack")
     add_status_args(status)
-    status.set_defaults(handler=lazy("orchestrator.stack:run_status"))
+    status.set_defaults(handler=lazy("streamrag.stack.commands:run_status"))
     down = commands.add_parser("down", help="stop the local stack started by up")
     add_down_args(down)
-    down.set_defaults(handler=lazy("orchestrator.stack:run_down"))
+    down.set_defaults(handler=lazy("streamrag.stack.commands:run_down"))
 
     demo = commands.add_parser("demo", help="start the local stack and answer one question, streamed and not")
-    from orchestrator.demo import add_demo_args
+    from streamrag.demo import add_demo_args
 
     add_demo_args(demo)
-    demo.set_defaults(handler=lazy("orchestrator.demo:run_demo"))
+    demo.set_defaults(handler=lazy("streamrag.demo:run_demo"))
     return parser
 
 

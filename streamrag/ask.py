@@ -1,7 +1,9 @@
 """`streamrag ask` and `streamrag requests`: the user's side of the Orchestrator API.
 
 `ask` prints the answer as it streams, with a live status line on stderr (retrieval chunks,
-engine lifecycle), then the sources and both latencies; `--json` prints one JSON object.
+engine lifecycle), then the sources (each page once, however many of its passages were in the
+prompt) and both latencies; `--json` prints one JSON object. Without `--orchestrator` both
+commands talk to the local stack `streamrag up` started, else to 127.0.0.1:50051.
 """
 
 from __future__ import annotations
@@ -14,6 +16,8 @@ import time
 import grpc
 
 from protos import common_pb2, orchestrator_pb2, orchestrator_pb2_grpc
+
+DEFAULT_ORCHESTRATOR = "127.0.0.1:50051"
 
 CHOICES = {"anns": orchestrator_pb2.RETRIEVER_CHOICE_ANNS, "crawler": orchestrator_pb2.RETRIEVER_CHOICE_CRAWLER,
            "both": orchestrator_pb2.RETRIEVER_CHOICE_BOTH, "none": orchestrator_pb2.RETRIEVER_CHOICE_NONE,
@@ -28,16 +32,50 @@ def add_ask_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--top-k", type=int, default=0)
     parser.add_argument("--deadline-ms", type=int, default=0, help="retrieval deadline")
     parser.add_argument("--json", action="store_true", help="print one JSON object at the end instead")
-    parser.add_argument("--orchestrator", default="127.0.0.1:50051")
+    parser.add_argument("--orchestrator", default=None,
+                        help=f"host:port (default: the local stack's, else {DEFAULT_ORCHESTRATOR})")
     parser.add_argument("--timeout", type=float, default=600.0)
 
 
 def add_requests_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("request_id", nargs="?", help="show one request's lifecycle (default: list recent ones)")
-    parser.add_argument("--orchestrator", default="127.0.0.1:50051")
+    parser.add_argument("--orchestrator", default=None,
+                        help=f"host:port (default: the local stack's, else {DEFAULT_ORCHESTRATOR})")
     parser.add_argument("--redis", default=None,
                         help="Redis URL for listing recent requests (default: the local stack's, else :6379)")
     parser.add_argument("--limit", type=int, default=20)
+
+
+def unique_sources(sources) -> list[tuple[common_pb2.Document, int]]:
+    """Each page once, in order of first appearance, with how many of its passages were used.
+
+    Passages of one page share its URL; a source without a URL is its own page.
+    """
+    pages: dict[str, tuple[common_pb2.Document, int]] = {}
+    for source in sources:
+        key = source.url or f"id:{source.id}"
+        first, count = pages.get(key, (source, 0))
+        pages[key] = (first, count + 1)
+    return list(pages.values())
+
+
+def source_line(source: common_pb2.Document, passages: int) -> str:
+    more = f" ({passages} passages)" if passages > 1 else ""
+    return f"  - {source.title or source.id}  {source.url}{more}"
+
+
+def stack_service_target(name: str) -> str | None:
+    """The address of a service of the stack `streamrag up` started, if one is recorded."""
+    from streamrag.stack.state import read_stack
+
+    recorded = read_stack()
+    if recorded is None:
+        return None
+    return next((s.target for s in recorded[1] if s.name == name), None)
+
+
+def orchestrator_address(given: str | None) -> str:
+    return given or stack_service_target("orchestrator") or DEFAULT_ORCHESTRATOR
 
 
 class StatusLine:
@@ -65,7 +103,7 @@ def run_ask(args: argparse.Namespace) -> int:
     chunks = 0
     done = None
     try:
-        with grpc.insecure_channel(args.orchestrator) as channel:
+        with grpc.insecure_channel(orchestrator_address(args.orchestrator)) as channel:
             stub = orchestrator_pb2_grpc.OrchestratorStub(channel)
             for response in stub.Ask(request, timeout=args.timeout):
                 event = response.event
@@ -98,15 +136,16 @@ def run_ask(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps({
             "request_id": done.request_id, "answer": done.answer, "streaming": not args.no_stream,
-            "sources": [{"title": s.title, "url": s.url, "id": s.id} for s in done.sources],
+            "sources": [{"title": s.title, "url": s.url, "id": s.id, "passages": n}
+                        for s, n in unique_sources(done.sources)],
             "ttft_from_question_s": round(done.ttft_from_question_s, 4),
             "ttft_after_retrieval_s": round(done.ttft_from_retrieval_end_s, 4),
             "retrieval_s": round(done.retrieval_s, 4), "total_s": round(done.total_s, 4), "replica": done.replica,
         }))
         return 0
     print("\n\nSources:")
-    for source in done.sources:
-        print(f"  - {source.title or source.id}  {source.url}")
+    for source, passages in unique_sources(done.sources):
+        print(source_line(source, passages))
     mode = "streaming" if not args.no_stream else "non-streaming"
     print(f"\n{mode}: first token {done.ttft_from_question_s:.2f} s after the question, "
           f"{done.ttft_from_retrieval_end_s:.2f} s after retrieval ended ({done.retrieval_s:.2f} s); "
@@ -114,20 +153,10 @@ def run_ask(args: argparse.Namespace) -> int:
     return 0
 
 
-def stack_redis_url() -> str | None:
-    """The Redis of the stack `streamrag up` started, if one is recorded."""
-    from orchestrator.stack import read_stack
-
-    recorded = read_stack()
-    if recorded is None:
-        return None
-    return next((s.target for s in recorded[1] if s.name == "redis"), None)
-
-
 def run_requests(args: argparse.Namespace) -> int:
     if args.request_id:
         try:
-            with grpc.insecure_channel(args.orchestrator) as channel:
+            with grpc.insecure_channel(orchestrator_address(args.orchestrator)) as channel:
                 record = orchestrator_pb2_grpc.OrchestratorStub(channel).GetRequest(
                     orchestrator_pb2.GetRequestRequest(request_id=args.request_id), timeout=30).record
         except grpc.RpcError as exc:
@@ -146,7 +175,7 @@ def run_requests(args: argparse.Namespace) -> int:
 
     from orchestrator.lifecycle_store import LifecycleStore, StoreUnavailable
 
-    redis_url = args.redis or stack_redis_url() or "redis://127.0.0.1:6379/0"
+    redis_url = args.redis or stack_service_target("redis") or "redis://127.0.0.1:6379/0"
 
     async def recent():
         store = LifecycleStore(redis_url)

@@ -1,0 +1,42 @@
+"""The engine's choice lists and defaults, written once.
+
+Torch-free, so argparse (`streamrag serve inference`, `up`, `bench replay`) imports it
+without loading the engine, and the engine's own dataclasses (`EngineConfig`,
+`SchedulerConfig`, `EngineSpec`) and the vLLM backend's `VllmSpec` take their defaults from
+here. tests/service/test_inference_cli.py checks that `POLICY_CHOICES` names exactly the
+policies in `policies.POLICIES`.
+"""
+
+from __future__ import annotations
+
+DTYPE_CHOICES = ("auto", "bfloat16", "float32", "float16")
+POLICY_CHOICES = ("default", "fcfs", "lcas", "mcps", "klpm")
+EVICTION_CHOICES = ("recompute", "swap", "cost")
+BACKEND_CHOICES = ("native", "vllm")
+
+DEFAULT_DEVICE = "cpu"
+DEFAULT_DTYPE = "auto"              # bfloat16 on CUDA and CPUs with native bf16, else float32 (servicekit.hardware)
+DEFAULT_POLICY = "fcfs"             # complete prompts first, then partial ones (streaming-aware)
+DEFAULT_EVICTION = "cost"           # recompute or swap, whichever the cost model says is cheaper
+DEFAULT_BACKEND = "native"
+DEFAULT_BLOCK_SIZE = 16             # tokens per KV block (native engine)
+DEFAULT_TOKEN_BUDGET = 2048         # tokens per engine step (prefill chunks + decodes)
+DEFAULT_MAX_RUNNING = 256           # requests holding KV at once
+# Speculative prefill (of prompts still receiving context) per step, as shares of the token budget:
+# at most this share, so a prompt that becomes complete waits behind at most half a step of it ...
+DEFAULT_SPECULATIVE_SHARE = 0.5
+# ... and at least this share while complete prompts saturate the budget, so partial prompts still progress.
+DEFAULT_SPECULATIVE_RESERVE_SHARE = 0.0625
+
+
+def speculative_share_arg(text: str) -> float | None:
+    """argparse type of --speculative-share: a share of the budget in (0, 1], or "off" (one tier, the
+    policy's order alone)."""
+    if text == "off":
+        return None
+    value = float(text)
+    if not 0 < value <= 1:
+        raise ValueError("--speculative-share must be in (0, 1] or off")
+    return value
+DEFAULT_KV_CPU_BLOCKS = 2048        # the swap pool
+DEFAULT_MAX_STREAMS = 256           # open StreamPrompt/Generate calls per service

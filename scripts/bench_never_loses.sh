@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# "Streaming never loses" (issue 13): streaming against non-streaming with the product's
+# defaults (fcfs, cost eviction, speculative tier, stability hints, stable document order),
+# and the same with those three features off ("before"), each with three arrival seeds.
+# Uses the traces of `scripts/bench_paper.sh OUT traces` (made here if missing).
+#
+#   bash scripts/bench_never_loses.sh [OUT_DIR] [STEP...]
+#   steps: anns anns-before crawler-high crawler-high-before  (default: all four)
+#   SEEDS="0 1 2" by default; each (step, seed) writes OUT/<step>/seed-<s>/, and
+#   OUT/<step>/seeds.md holds the median and min-max spread over the seeds (load_tests/seeds.py).
+# Holds /tmp/streamrag-cpu.lock for the whole run (so two benchmarks never share the cores and
+# no other job runs between seeds); STREAMRAG_CPU_LOCKED=1 means the caller already holds it.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+if [[ "${STREAMRAG_CPU_LOCKED:-}" != 1 ]]; then
+  exec flock /tmp/streamrag-cpu.lock env STREAMRAG_CPU_LOCKED=1 bash "$0" "$@"
+fi
+
+OUT=${1:-out/never-loses}
+shift || true
+STEPS=${*:-anns anns-before crawler-high crawler-high-before}
+SEEDS=${SEEDS:-0 1 2}
+SR=${SR:-.venv/bin/streamrag}
+PY=${PY:-.venv/bin/python}
+COMMON=(--token-budget 256 --dtype auto --policies fcfs --eviction cost)
+BEFORE=(--speculative-share off --stability-hints off --doc-order ranked)
+mkdir -p "$OUT"
+[[ -f "$OUT/anns.jsonl" && -f "$OUT/crawler-120.jsonl" ]] || bash scripts/bench_paper.sh "$OUT" traces
+
+for step in $STEPS; do
+  case $step in
+    anns)                args=(--trace "$OUT/anns.jsonl" --qps 0.333) ;;
+    anns-before)         args=(--trace "$OUT/anns.jsonl" --qps 0.333 "${BEFORE[@]}") ;;
+    crawler-high)        args=(--trace "$OUT/crawler-120.jsonl" --qps 1.333) ;;
+    crawler-high-before) args=(--trace "$OUT/crawler-120.jsonl" --qps 1.333 "${BEFORE[@]}") ;;
+    *) echo "unknown step: $step" >&2; exit 2 ;;
+  esac
+  runs=()
+  for seed in $SEEDS; do
+    echo "== $step, seed $seed"
+    $SR bench replay "${args[@]}" "${COMMON[@]}" --seed "$seed" \
+      --out "$OUT/$step/seed-$seed"
+    runs+=("$OUT/$step/seed-$seed")
+  done
+  $PY -m load_tests.seeds "${runs[@]}" --label "$step" | tee "$OUT/$step/seeds.md"
+done

@@ -1,0 +1,88 @@
+"""Health checks of the three kinds of service in a stack, as a function and as a command.
+
+`check_health("grpc", "127.0.0.1:50052")` asks grpc.health.v1 Check for SERVING;
+`"http"` wants a 200 from a URL; `"redis"` wants a PONG. It returns None when healthy, else a
+short reason. The local stack (`streamrag up` / `status`) uses the function; each
+docker-compose service health-checks itself with the command, which needs nothing beyond
+`servicekit` and the packages a gRPC service already has:
+
+    python -m servicekit.health grpc 127.0.0.1:50052
+    python -m servicekit.health http http://127.0.0.1:8765/index.html
+    python -m servicekit.health redis redis://127.0.0.1:6379/0
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+CHECK_KINDS = ("grpc", "http", "redis")
+
+
+def _check_grpc(target: str, timeout_s: float) -> str | None:
+    import grpc
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    with grpc.insecure_channel(target) as channel:
+        try:
+            status = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(),
+                                                               timeout=timeout_s).status
+        except grpc.RpcError as exc:
+            return f"{exc.code().name.lower()}: {exc.details()}"
+    serving = health_pb2.HealthCheckResponse.SERVING
+    return None if status == serving else health_pb2.HealthCheckResponse.ServingStatus.Name(status)
+
+
+def _check_http(target: str, timeout_s: float) -> str | None:
+    import urllib.error
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(target, timeout=timeout_s) as response:
+            return None if response.status == 200 else f"HTTP {response.status}"
+    except urllib.error.HTTPError as exc:
+        return f"HTTP {exc.code}"
+
+
+def _check_redis(target: str, timeout_s: float) -> str | None:
+    import redis
+
+    client = redis.Redis.from_url(target, socket_timeout=timeout_s, socket_connect_timeout=timeout_s)
+    try:
+        return None if client.ping() else "no PONG"
+    finally:
+        client.close()
+
+
+_CHECKS = {"grpc": _check_grpc, "http": _check_http, "redis": _check_redis}
+
+
+def check_health(check: str, target: str, timeout_s: float = 2.0) -> str | None:
+    """None when the service is healthy, else a short reason ("connection refused", "NOT_SERVING")."""
+    if check not in _CHECKS:
+        raise ValueError(f"unknown health check {check!r} (one of {', '.join(CHECK_KINDS)})")
+    try:
+        return _CHECKS[check](target, timeout_s)
+    except Exception as exc:       # refused, timed out, unreachable: the reason is all we need
+        return str(getattr(exc, "reason", None) or exc) or type(exc).__name__
+
+
+def probe_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m servicekit.health",
+                                     description="health check one service: exit 0 when healthy, 1 with the reason")
+    parser.add_argument("check", choices=CHECK_KINDS)
+    parser.add_argument("target", help="host:port (grpc), URL (http) or redis:// URL")
+    parser.add_argument("--timeout", type=float, default=3.0)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = probe_parser().parse_args(argv)
+    reason = check_health(args.check, args.target, args.timeout)
+    if reason is not None:
+        print(f"{args.target}: {reason}", file=sys.stderr)
+    return 0 if reason is None else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

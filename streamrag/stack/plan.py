@@ -1,0 +1,166 @@
+"""What the local stack is: its options, its services and the order they start in.
+
+`plan_stack` turns `StackOptions` into a list of `Service`s on the default ports plus the
+offset: Redis (append-only file in `<run-dir>/redis`), the corpus web server, the ANNS
+retriever, the inference replicas, the crawler (which needs the corpus server), and the
+orchestrator last (it needs all of them). The orchestrator also knows a replay retriever on
+50063 plus the offset (`replay_target`), which the stack does not start: `streamrag demo`
+runs one there, with the retrieval it recorded. Nothing here starts a process or touches
+the disk.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+
+from inference_svc.engine.options import DEFAULT_BACKEND, DEFAULT_DEVICE, DEFAULT_DTYPE, DEFAULT_POLICY
+from servicekit.config import DEFAULT_PORTS, default_cache_dir, metrics_port_for
+
+HOST = "127.0.0.1"
+DEFAULT_CORPUS_ROOT = Path("/usr/share/doc/python3.11/html")
+MAX_REPLICAS = 9                      # inference ports 50052..50060; the ANNS retriever has 50061
+CLI = [sys.executable, "-m", "streamrag.cli"]
+# How each kind of service is checked (servicekit.health): grpc.health.v1 Check, an HTTP 200, or a Redis PING.
+CHECKS = {"redis": "redis", "corpus": "http", "retriever": "grpc", "inference": "grpc", "orchestrator": "grpc"}
+REPLAY_PORT = 50063                   # the replay retriever's default port (retriever_svc.server_args.default_port)
+
+
+@dataclass
+class StackOptions:
+    """Everything `up` needs; `streamrag up`'s flags map onto these fields one to one."""
+
+    replicas: int = 1
+    policy: str = DEFAULT_POLICY
+    dtype: str = DEFAULT_DTYPE
+    device: str = DEFAULT_DEVICE
+    backend: str = DEFAULT_BACKEND
+    model: Path | None = None          # None: the embedded SmolLM2-135M-Instruct
+    redis: str | None = None           # a Redis URL to use instead of starting a private one
+    latency: str = "none"              # the corpus server's delay per page: none, lan, web or seconds
+    corpus_root: Path = DEFAULT_CORPUS_ROOT
+    index: Path | None = None          # None: default_index_for(corpus_root)
+    port_offset: int = 0
+    free_ports: bool = False           # every port one the kernel picks (tests, or beside anything)
+    timeout: float = 300.0             # seconds every service gets to become healthy
+    run_dir: Path | None = None        # None: $STREAMRAG_RUN_DIR or <cache>/run
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> StackOptions:
+        return cls(**{f.name: getattr(args, f.name) for f in fields(cls) if hasattr(args, f.name)})
+
+
+@dataclass
+class Service:
+    """One process of the stack: what to run, where it answers, what it waits for."""
+
+    name: str                          # "redis", "corpus", "anns", "crawler", "inference-0", ..., "orchestrator"
+    kind: str                          # a key of CHECKS
+    target: str                        # what its health check probes: redis URL, HTTP URL or host:port
+    argv: list[str] | None             # None: not ours to start or stop (a Redis given with --redis)
+    needs: list[str] = field(default_factory=list)
+    ports: list[int] = field(default_factory=list)   # every port it binds (gRPC and metrics)
+    pid: int | None = None
+    started: int | None = None         # /proc/<pid>/stat start time, in clock ticks
+    restarts: int = 0                  # times the supervisor started it again after it died
+    last_exit: str | None = None       # how it ended before the last restart
+
+    @property
+    def check(self) -> str:
+        return CHECKS[self.kind]
+
+
+class StackError(Exception):
+    """`up` could not bring a service up; `service` names it (the message says why)."""
+
+    def __init__(self, service: str, reason: str, log: Path | None = None) -> None:
+        super().__init__(f"{service}: {reason}")
+        self.service, self.reason, self.log = service, reason, log
+
+
+def default_index_for(corpus_root: Path) -> Path:
+    from retriever_svc.corpus.index import default_index_dir
+
+    if corpus_root.resolve() == DEFAULT_CORPUS_ROOT.resolve():
+        return default_index_dir()
+    return default_cache_dir() / "index" / corpus_root.resolve().name
+
+
+def replay_target(services: list[Service]) -> str | None:
+    """Where this stack's orchestrator expects a replay retriever (None: a stack planned before it had one)."""
+    argv = next((s.argv for s in services if s.kind == "orchestrator"), None) or []
+    return argv[argv.index("--replay") + 1] if "--replay" in argv else None
+
+
+def probe_timeout(service: Service, options: dict, base_s: float) -> float:
+    """The corpus server delays every request, health checks too: allow for its longest delay."""
+    if service.kind != "corpus":
+        return base_s
+    from retriever_svc.corpus_server import latency_profile
+
+    return base_s + latency_profile(options["latency"]).cap_s
+
+
+def plan_stack(options: StackOptions, index_dir: Path, redis_port: int,
+               free_port: Callable[[], int] | None = None) -> list[Service]:
+    """The services `up` starts, in start order, on the default ports plus `port_offset`, or with
+    `options.free_ports` on ports `free_port()` gives (one call per port)."""
+    offset = options.port_offset
+    chosen: dict[tuple[str, int], int] = {}
+
+    def pick(key: tuple[str, int], default: int) -> int:
+        if not options.free_ports:
+            return default
+        if free_port is None:
+            raise ValueError("free_ports needs a free_port function")
+        if key not in chosen:
+            while (candidate := free_port()) in chosen.values() or candidate == redis_port:
+                pass
+            chosen[key] = candidate
+        return chosen[key]
+
+    def port(service: str, replica: int = 0) -> int:
+        return pick((service, replica), DEFAULT_PORTS.get(service, REPLAY_PORT) + offset + replica)
+
+    def metrics(service: str, replica: int = 0) -> int:
+        return pick((f"{service} metrics", replica), metrics_port_for(service, replica) + offset)
+
+    def grpc_flags(service: str, replica: int = 0) -> list[str]:
+        return ["--host", HOST, "--port", str(port(service, replica)),
+                "--metrics-port", str(metrics(service, replica))]
+
+    serve = [*CLI, "serve"]
+    corpus_url = f"http://{HOST}:{port('corpus')}/index.html"
+    if options.redis:
+        redis = Service("redis", "redis", options.redis, None)
+    else:
+        redis = Service("redis", "redis", f"redis://{HOST}:{redis_port}/0", [
+            shutil.which("redis-server") or "redis-server", "--port", str(redis_port), "--bind", HOST,
+            "--save", "", "--appendonly", "yes", "--appendfsync", "everysec", "--dir", "redis",
+            "--daemonize", "no"], ports=[redis_port])
+    corpus = Service("corpus", "corpus", corpus_url, [
+        *serve, "corpus", "--root", str(options.corpus_root), "--host", HOST, "--port", str(port("corpus")),
+        "--latency", options.latency], ports=[port("corpus")])
+    anns = Service("anns", "retriever", f"{HOST}:{port('anns')}", [
+        *serve, "retriever", "--kind", "anns", "--index", str(index_dir), *grpc_flags("anns")],
+        ports=[port("anns"), metrics("anns")])
+    model = ["--model", str(options.model)] if options.model else []
+    inference = [Service(f"inference-{i}", "inference", f"{HOST}:{port('inference', i)}", [
+        *serve, "inference", *grpc_flags("inference", i), "--policy", options.policy, "--dtype", options.dtype,
+        "--device", options.device, "--backend", options.backend, *model],
+        ports=[port("inference", i), metrics("inference", i)])
+        for i in range(options.replicas)]
+    crawler = Service("crawler", "retriever", f"{HOST}:{port('crawler')}", [
+        *serve, "retriever", "--kind", "crawler", "--start-url", corpus_url, *grpc_flags("crawler")],
+        needs=["corpus"], ports=[port("crawler"), metrics("crawler")])
+    services = [redis, corpus, anns, *inference, crawler]    # the slow loaders (ANNS, inference) start first
+    orchestrator = Service("orchestrator", "orchestrator", f"{HOST}:{port('orchestrator')}", [
+        *serve, "orchestrator", *grpc_flags("orchestrator"), "--redis", redis.target,
+        *[flag for s in inference for flag in ("--inference", s.target)],
+        "--anns", anns.target, "--crawler", crawler.target, "--replay", f"{HOST}:{port('replay')}"],
+        needs=[s.name for s in services], ports=[port("orchestrator"), metrics("orchestrator")])
+    return [*services, orchestrator]

@@ -1,0 +1,1 @@
+"""The compose stack, built and run for real (opt-in: --run-compose)."""
