@@ -32,8 +32,8 @@ import time
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from urllib.parse import urlsplit
 
+from orchestrator.documents import page_of
 from servicekit.stats import percentile
 
 DEFAULT_ORCHESTRATOR = "127.0.0.1:50051"    # servicekit.config.DEFAULT_PORTS["orchestrator"]
@@ -86,12 +86,6 @@ def load_questions(path: Path) -> list[Question]:
     if len({q.id for q in questions}) != len(questions):
         raise ValueError(f"{path}: question ids repeat")
     return questions
-
-
-def page_of(url: str) -> str:
-    """A source URL as a page path: `http://h:1/library/json.html#x`, `library/json.html#x` -> `library/json.html`."""
-    parts = urlsplit(url)
-    return (parts.path if parts.scheme else url.split("#", 1)[0].split("?", 1)[0]).strip("/")
 
 
 def answers(url: str, pages: Iterable[str]) -> bool:

@@ -108,3 +108,29 @@ def run_trace_synth(args: argparse.Namespace) -> int:
     print(statistics_table(params.workload, stats, params.token_scale, params.time_scale, capped))
     _say_stderr(f"wrote {len(queries)} queries to {args.out}")
     return 0
+
+
+def add_trace_stats_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--trace", required=True, type=Path, help="trace file (e.g. from `streamrag trace record`)")
+    parser.add_argument("--workload", required=True, choices=WORKLOADS, help="the published workload to compare with")
+    parser.add_argument("--tokenizer", choices=("embedded", "approx"), default="embedded",
+                        help="count tokens with the embedded model's tokenizer (default) or the approximation")
+
+
+def run_trace_stats(args: argparse.Namespace) -> int:
+    """Entry point for `streamrag trace stats`: a trace's statistics beside the published ones."""
+    from retriever_svc.trace import TraceFormatError, read_trace
+
+    try:
+        queries = read_trace(args.trace).queries
+    except TraceFormatError as exc:
+        _say_stderr(f"error: {exc}")
+        return 2
+    if not queries:
+        _say_stderr(f"error: {args.trace} holds no queries")
+        return 2
+    counter: TokenCounter = EmbeddedTokenCounter.load() if args.tokenizer == "embedded" else ApproxTokenCounter()
+    stats = trace_statistics(queries, measure_trace(queries, DocTokens(counter)))
+    print(f"{args.trace}: {len(queries)} queries, tokens by {counter.name}")
+    print(statistics_table(args.workload, stats, 1.0, 1.0, label="this trace"))
+    return 0

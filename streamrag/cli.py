@@ -111,7 +111,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_index_build_args(build)
     build.set_defaults(handler=lazy("retriever_svc.corpus.index:run_index_build"))
 
-    trace = commands.add_parser("trace", help="record or synthesize retrieval traces")
+    trace = commands.add_parser("trace", help="record, synthesize or summarize retrieval traces")
     trace_cmds = trace.add_subparsers(dest="trace_command", metavar="ACTION", required=True)
     record = trace_cmds.add_parser("record", help="record a running Retriever's streams into a trace file")
     from retriever_svc.trace_record import add_trace_record_args
@@ -123,6 +123,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_trace_synth_args(synth)
     synth.set_defaults(handler=lazy("load_tests.trace_synth:run_trace_synth"))
+    trace_stats = trace_cmds.add_parser("stats", help="a trace's statistics beside the Stream2LLM figures")
+    from load_tests.trace_synth import add_trace_stats_args
+
+    add_trace_stats_args(trace_stats)
+    trace_stats.set_defaults(handler=lazy("load_tests.trace_synth:run_trace_stats"))
 
     profile = commands.add_parser("profile", help="measure recompute and swap latency for the cost model")
     profile.add_argument("--model", type=Path, default=None, help="model directory (default: the embedded model)")
@@ -159,6 +164,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_bench_quality_args(quality)
     quality.set_defaults(handler=lazy("load_tests.quality:run_bench_quality"))
+    relevance = bench_cmds.add_parser("relevance", help="calibrate the crawler's relevance threshold and "
+                                                        "merge margin on a question set")
+    from load_tests.relevance_calibration import add_bench_relevance_args
+
+    add_bench_relevance_args(relevance)
+    relevance.set_defaults(handler=lazy("load_tests.relevance_calibration:run_bench_relevance"))
 
     from streamrag.stack.commands import add_down_args, add_status_args, add_up_args
 

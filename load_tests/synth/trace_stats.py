@@ -94,8 +94,8 @@ def _num(value: float, digits: int = 0) -> str:
 
 
 def statistics_table(workload: str, stats: dict[str, float], token_scale: float, time_scale: float,
-                     capped: int = 0) -> str:
-    """Rows of (metric, published, target at these scales, synthesized) as aligned text."""
+                     capped: int = 0, label: str = "synthesized") -> str:
+    """Rows of (metric, published, target at these scales, `label`: the trace's own) as aligned text."""
     pub = PUBLISHED[workload]
     target = scaled_targets(workload, token_scale, time_scale)
     tok = pub["tokens_per_query"]
@@ -135,7 +135,7 @@ def statistics_table(workload: str, stats: dict[str, float], token_scale: float,
             ("updates changing a non-tail document", "-", "-",
              f"{stats['updates_nontail_share']:.0%} of {_num(stats['updates'])}"),
         ]
-    header = ("metric", "published", f"target (x{token_scale:g} tokens, x{time_scale:g} time)", "synthesized")
+    header = ("metric", "published", f"target (x{token_scale:g} tokens, x{time_scale:g} time)", label)
     widths = [max(len(r[c]) for r in [header, *rows]) for c in range(3)]
     lines = ["  ".join(cell.ljust(w) for cell, w in zip(r[:3], widths, strict=True)) + "  " + r[3]
              for r in [header, *rows]]
