@@ -44,14 +44,14 @@ class CrawledPage:
     answers: bool
 
 
-def crawl_one(stub, question: Question, pages: int, timeout_s: float) -> list[CrawledPage]:
+def crawl_one(stub, question: Question, pages: int, deadline_ms: int) -> list[CrawledPage]:
     """Every page the crawler sends for `question`, in arrival order."""
     from protos import retriever_pb2
 
-    request = retriever_pb2.RetrieveRequest(query=question.question, top_k=pages,
+    request = retriever_pb2.RetrieveRequest(query=question.question, top_k=pages, deadline_ms=deadline_ms,
                                             request_id=f"calibrate-{question.id}")
     crawled = []
-    for response in stub.Retrieve(request, timeout=timeout_s):
+    for response in stub.Retrieve(request, timeout=deadline_ms / 1000 + 30):
         for doc in response.chunk.documents:
             crawled.append(CrawledPage(page_of(doc.url), doc.score, answers(doc.url, question.pages)))
     return crawled
@@ -104,6 +104,9 @@ def add_bench_relevance_args(parser: argparse.ArgumentParser) -> None:
                         help="host:port of a crawler retriever started with --min-relevance 0")
     parser.add_argument("--pages", type=int, default=30, help="pages asked for per question (the crawl's cap)")
     parser.add_argument("--top-k", type=int, default=5, help="pages the crawler sends per question (hit@k)")
+    parser.add_argument("--deadline-ms", type=int, default=120_000,
+                        help="per-question retrieval deadline: long, so that the scores, not the speed of this "
+                             "machine, decide what is kept")
     parser.add_argument("--json", type=Path, default=None, help="write every crawled page and the tables here")
 
 
@@ -119,8 +122,8 @@ def run_bench_relevance(args: argparse.Namespace) -> int:
     except (OSError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    if args.pages < 1 or args.top_k < 1:
-        print("error: --pages and --top-k must be at least 1", file=sys.stderr)
+    if args.pages < 1 or args.top_k < 1 or args.deadline_ms < 1:
+        print("error: --pages, --top-k and --deadline-ms must be at least 1", file=sys.stderr)
         return 2
     started = time.monotonic()
     crawls: list[list[CrawledPage]] = []
@@ -137,7 +140,7 @@ def run_bench_relevance(args: argparse.Namespace) -> int:
             return 2
         for i, question in enumerate(questions, start=1):
             try:
-                crawl = crawl_one(stub, question, args.pages, timeout_s=180.0)
+                crawl = crawl_one(stub, question, args.pages, args.deadline_ms)
             except grpc.RpcError as exc:
                 print(f"error: {question.id}: {exc.code().name}: {exc.details()}", file=sys.stderr)
                 return 1
@@ -152,6 +155,7 @@ def run_bench_relevance(args: argparse.Namespace) -> int:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps({
             "questions": str(args.questions), "crawler": args.crawler, "pages": args.pages, "top_k": args.top_k,
+            "deadline_ms": args.deadline_ms,
             "duration_s": round(time.monotonic() - started, 1), "thresholds": thresholds, "margins": margins,
             "crawls": {q.id: [asdict(p) for p in c] for q, c in zip(questions, crawls, strict=True)}},
             indent=1) + "\n")
