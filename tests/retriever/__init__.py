@@ -2,7 +2,8 @@
 
 For the ANNS tests: `build_tiny_index` gives the real DiskANN index of
 tests/support/tiny_corpus.py (five pages, one passage each), quietly; `build_random_index`
-a harder one over random vectors, where small search lists really miss neighbours.
+a harder one over random vectors, where small search lists really miss neighbours. For the
+corpus web server's tests: `http_get` (conftest.py gives the `corpus` fixture).
 Imports are inside the helpers so the package stays free to import for the other suites.
 """
 
@@ -34,3 +35,16 @@ def build_random_index(directory: Path, count: int = 1500, dim: int = 384, seed:
     save_index(directory, passages, vectors, BuildParams(graph_degree=16, build_complexity=32, pq_chunks=16),
                threads=1, corpus="random")
     return directory
+
+
+def http_get(server, path: str) -> tuple[int, str, bytes]:
+    """GET `path` from a running `CorpusServer`: (status, content type, body)."""
+    import http.client
+
+    connection = http.client.HTTPConnection(server.host, server.port, timeout=5)
+    try:
+        connection.request("GET", path)
+        response = connection.getresponse()
+        return response.status, response.getheader("Content-Type") or "", response.read()
+    finally:
+        connection.close()

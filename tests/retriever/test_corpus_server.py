@@ -21,38 +21,23 @@ from retriever_svc.corpus_server import (
     latency_profile,
     run_serve_corpus,
 )
+from tests.retriever import http_get
 
 REPO = Path(__file__).resolve().parents[2]
 
 
-def get(server: CorpusServer, path: str) -> tuple[int, str, bytes]:
-    connection = http.client.HTTPConnection(server.host, server.port, timeout=5)
-    try:
-        connection.request("GET", path)
-        response = connection.getresponse()
-        return response.status, response.getheader("Content-Type") or "", response.read()
-    finally:
-        connection.close()
-
-
-@pytest.fixture
-def corpus(tiny_corpus: Path):
-    with CorpusServer(tiny_corpus) as server:
-        yield server
-
-
 def test_serves_the_site_on_loopback_as_utf8_html(corpus: CorpusServer) -> None:
     assert corpus.url.startswith("http://127.0.0.1:")
-    status, content_type, body = get(corpus, "/files.html")
+    status, content_type, body = http_get(corpus, "/files.html")
     assert status == 200
     assert content_type == "text/html; charset=utf-8"
     assert b"Reading and Writing Files" in body
-    assert get(corpus, "/io/buffering.html")[0] == 200
+    assert http_get(corpus, "/io/buffering.html")[0] == 200
 
 
 def test_missing_pages_and_directory_listings_are_404(corpus: CorpusServer) -> None:
-    assert get(corpus, "/nope.html")[0] == 404
-    assert get(corpus, "/io/")[0] == 404          # a directory without index.html is not listed
+    assert http_get(corpus, "/nope.html")[0] == 404
+    assert http_get(corpus, "/io/")[0] == 404          # a directory without index.html is not listed
 
 
 @pytest.mark.parametrize("path", [
@@ -64,7 +49,7 @@ def test_missing_pages_and_directory_listings_are_404(corpus: CorpusServer) -> N
     "/files.html%00.txt",
 ])
 def test_path_traversal_is_refused(corpus: CorpusServer, path: str) -> None:
-    status, _, body = get(corpus, path)
+    status, _, body = http_get(corpus, path)
     assert status == 403
     assert b"root:" not in body
     assert is_traversal(path)
@@ -76,9 +61,9 @@ def test_ordinary_paths_are_not_traversal() -> None:
 
 
 def test_every_request_is_recorded_with_its_status(corpus: CorpusServer) -> None:
-    get(corpus, "/index.html")
-    get(corpus, "/nope.html")
-    get(corpus, "/../etc/passwd")
+    http_get(corpus, "/index.html")
+    http_get(corpus, "/nope.html")
+    http_get(corpus, "/../etc/passwd")
     assert [(r.path, r.status) for r in corpus.requests] == [
         ("/index.html", 200), ("/nope.html", 404), ("/../etc/passwd", 403)]
     assert corpus.request_count == 3
@@ -118,7 +103,7 @@ def test_latency_draws_are_seedable(tiny_corpus: Path) -> None:
 
 def test_constant_latency_delays_each_answer(tiny_corpus: Path) -> None:
     with CorpusServer(tiny_corpus, latency="0.05") as server:
-        assert get(server, "/index.html")[0] == 200
+        assert http_get(server, "/index.html")[0] == 200
         assert server.requests[0].delay_s == 0.05
 
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import http.client
 import json
 from pathlib import Path
 from urllib.parse import quote
@@ -19,22 +18,7 @@ from retriever_svc.site_search import (
     SiteSearch,
     parse_search_request,
 )
-
-
-def get(server: CorpusServer, path: str) -> tuple[int, str, bytes]:
-    connection = http.client.HTTPConnection(server.host, server.port, timeout=5)
-    try:
-        connection.request("GET", path)
-        response = connection.getresponse()
-        return response.status, response.getheader("Content-Type") or "", response.read()
-    finally:
-        connection.close()
-
-
-@pytest.fixture
-def corpus(tiny_corpus: Path):
-    with CorpusServer(tiny_corpus) as server:
-        yield server
+from tests.retriever import http_get
 
 
 def test_terms_drop_question_filler_and_stem_but_keep_identifiers() -> None:
@@ -75,14 +59,15 @@ def test_the_tiny_sites_search_finds_the_buffering_page_first(tiny_corpus: Path)
 
 
 def test_search_answers_json_with_hits_relative_to_the_site(corpus: CorpusServer) -> None:
-    status, content_type, body = get(corpus, "/search?q=" + quote("flush buffered writes to the file") + "&limit=2")
+    query = quote("flush buffered writes to the file")
+    status, content_type, body = http_get(corpus, f"/search?q={query}&limit=2")
     assert status == 200 and content_type == "application/json; charset=utf-8"
     answer = json.loads(body)
     assert answer["query"] == "flush buffered writes to the file" and answer["pages"] == 5
     assert [h["url"] for h in answer["hits"]] == ["io/buffering.html", "files.html"]
     assert all(h["score"] > 0 and h["title"] for h in answer["hits"])
     assert set(answer["terms"]) == {"flush", "buffer", "write", "file"}
-    assert get(corpus, "/" + answer["hits"][0]["url"])[0] == 200           # a hit is a page of this server
+    assert http_get(corpus, "/" + answer["hits"][0]["url"])[0] == 200           # a hit is a page of this server
 
 
 @pytest.mark.parametrize("query, message", [
@@ -95,7 +80,7 @@ def test_search_answers_json_with_hits_relative_to_the_site(corpus: CorpusServer
     ("?q=files&limit=many", "limit must be an integer"),
 ])
 def test_bad_search_requests_are_400_with_a_json_error(corpus: CorpusServer, query: str, message: str) -> None:
-    status, content_type, body = get(corpus, "/search" + query)
+    status, content_type, body = http_get(corpus, "/search" + query)
     assert status == 400 and content_type.startswith("application/json")
     assert message in json.loads(body)["error"]
     with pytest.raises(SearchRequestError, match=message):
@@ -104,9 +89,9 @@ def test_bad_search_requests_are_400_with_a_json_error(corpus: CorpusServer, que
 
 def test_a_corpus_server_without_search_answers_404(tiny_corpus: Path) -> None:
     with CorpusServer(tiny_corpus, search=False) as server:
-        assert get(server, "/search?q=files")[0] == 404
+        assert http_get(server, "/search?q=files")[0] == 404
         assert server.search_index is None
-        assert get(server, "/files.html")[0] == 200
+        assert http_get(server, "/files.html")[0] == 200
 
 
 def test_serve_corpus_searches_unless_told_not_to() -> None:
