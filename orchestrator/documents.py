@@ -18,8 +18,9 @@ arrival alone:
   more relevant than earlier ones by more than `RELEVANCE_MARGIN` goes before them, an
   `update` that keeps the KV of everything in front of it; otherwise it is an `append`.
   The margin keeps near-ties in arrival order, which is already the crawl's best-first
-  order: without it about 40% of the pages of a crawl would move (docs/benchmarks.md,
-  retrieval quality), each move invalidating the pages behind it.
+  order: without it 29% of the pages the crawler sends would move, with it 4%, most of them
+  answering pages (`streamrag bench relevance`, docs/benchmarks.md "Retrieval quality"),
+  each move invalidating the pages behind it.
 The ANNS passages stay in front: they arrive first (milliseconds against seconds) and hit
 the answering page more often, and moving them behind later pages would invalidate the
 whole context.
