@@ -10,7 +10,7 @@ from pathlib import Path
 from inference_svc.chat_format import chat_format
 from inference_svc.engine.engine import EngineConfig
 from inference_svc.engine.factory import EngineSpec, build_engine
-from inference_svc.engine.options import DEFAULT_BLOCK_SIZE
+from inference_svc.engine.options import DEFAULT_BLOCK_SIZE, DEFAULT_EVICTION
 from inference_svc.engine_thread import EngineThread
 from inference_svc.metrics import InferenceMetrics
 from inference_svc.servicer import InferenceServicer
@@ -28,7 +28,8 @@ def engine_spec_from_args(args: argparse.Namespace) -> EngineSpec:
         model_dir=model_dir, device=args.device, dtype=args.dtype, kv_device_blocks=args.kv_device_blocks,
         kv_device_bytes=args.kv_device_bytes, kv_cpu_blocks=args.kv_cpu_blocks,
         engine=EngineConfig(block_size=args.block_size or DEFAULT_BLOCK_SIZE, token_budget=args.token_budget,
-                            max_running=args.max_running, policy=args.policy, eviction=args.eviction,
+                            max_running=args.max_running, policy=args.policy,
+                            eviction=args.eviction or DEFAULT_EVICTION,
                             speculative_share=args.speculative_share,
                             speculative_reserve_share=args.speculative_reserve_share))
 

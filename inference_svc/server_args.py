@@ -40,7 +40,9 @@ def add_inference_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", default=env("device", DEFAULT_DEVICE), help="cpu or cuda[:N]")
     parser.add_argument("--dtype", default=env("dtype", DEFAULT_DTYPE), choices=DTYPE_CHOICES)
     parser.add_argument("--policy", default=env("policy", DEFAULT_POLICY), choices=POLICY_CHOICES)
-    parser.add_argument("--eviction", default=env("eviction", DEFAULT_EVICTION), choices=EVICTION_CHOICES)
+    parser.add_argument("--eviction", default=env("eviction", None), choices=EVICTION_CHOICES,
+                        help=f"default: {DEFAULT_EVICTION} on the native engine, recompute on --backend vllm "
+                             "(the only mode vLLM honours, docs/vllm.md)")
     pool = parser.add_mutually_exclusive_group()
     pool.add_argument("--kv-device-blocks", type=int, default=None, help="device KV pool size in blocks")
     pool.add_argument("--kv-device-bytes", type=int, default=None, help="device KV pool size in bytes")
