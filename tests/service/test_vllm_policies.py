@@ -26,6 +26,7 @@ pytestmark = pytest.mark.vllm
 
 BUDGET = 256
 HEAD_TOKENS = 1500
+LCAS_HEAD_TOKENS = 512
 
 
 def head(seed: int, n: int = HEAD_TOKENS) -> list[common_pb2.Segment]:
@@ -85,9 +86,9 @@ class Calls:
         thread.start()
         self.threads.append(thread)
 
-    def partial(self, name: str, seed: int) -> None:
+    def partial(self, name: str, seed: int, n: int = HEAD_TOKENS) -> None:
         def messages() -> Iterator:
-            yield open_msg(name, head(seed), max_tokens=1)
+            yield open_msg(name, head(seed, n), max_tokens=1)
             self.gate.wait(900)
             yield finish_msg(common_pb2.Segment(text="\nAnswer:"))
 
@@ -152,13 +153,15 @@ def test_a_complete_prompt_overtakes_partial_ones_that_arrived_earlier_under_fcf
 
 def test_lcas_favours_the_request_with_the_most_recent_chunk(service):
     """Two partial heads opened one after the other: fcfs (and vLLM's FIFO) finish the older first,
-    lcas the newer (its chunk arrived last)."""
+    lcas the newer (its chunk arrived last). Short heads (two steps each): LCAS lets a request passed
+    over for more than 5 s jump ahead (its starvation bound), which a loaded machine's slow steps
+    would otherwise reach."""
     timeline = Timeline()
     calls = Calls(service.stub, timeline)
     try:
-        calls.partial("older", seed=1000)
+        calls.partial("older", seed=1000, n=LCAS_HEAD_TOKENS)
         assert timeline.flag("older", "QUEUED").wait(600)
-        calls.partial("newer", seed=2000)
+        calls.partial("newer", seed=2000, n=LCAS_HEAD_TOKENS)
         for name in ("older", "newer"):
             assert timeline.flag(name, "SCHEDULED").wait(600)
     finally:
