@@ -29,9 +29,15 @@ def engine_spec_from_args(args: argparse.Namespace) -> EngineSpec:
         kv_device_bytes=args.kv_device_bytes, kv_cpu_blocks=args.kv_cpu_blocks,
         engine=EngineConfig(block_size=args.block_size or DEFAULT_BLOCK_SIZE, token_budget=args.token_budget,
                             max_running=args.max_running, policy=args.policy,
-                            eviction=args.eviction or DEFAULT_EVICTION,
+                            eviction=args.eviction or DEFAULT_EVICTION, policy_options=policy_options(args),
                             speculative_share=args.speculative_share,
                             speculative_reserve_share=args.speculative_reserve_share))
+
+
+def policy_options(args: argparse.Namespace) -> dict:
+    """Options of the chosen policy from the flags (both backends)."""
+    starvation_s = getattr(args, "lcas_starvation_s", None)
+    return {"starvation_s": starvation_s} if args.policy == "lcas" and starvation_s is not None else {}
 
 
 def checked_model_dir(args: argparse.Namespace) -> Path:

@@ -52,6 +52,9 @@ def add_inference_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--token-budget", type=int, default=env("token_budget", DEFAULT_TOKEN_BUDGET))
     parser.add_argument("--max-running", type=int, default=env("max_running", DEFAULT_MAX_RUNNING))
     add_speculative_args(parser, env)
+    parser.add_argument("--lcas-starvation-s", type=float, default=env("lcas_starvation_s", None),
+                        help="lcas: a request passed over for longer than this jumps ahead "
+                             "(default: the policy's, 5 s)")
     parser.add_argument("--max-streams", type=int, default=env("max_streams", DEFAULT_MAX_STREAMS),
                         help="open StreamPrompt/Generate calls allowed at once")
     parser.add_argument("--backend", default=env("backend", DEFAULT_BACKEND), choices=BACKEND_CHOICES,

@@ -25,6 +25,7 @@ from servicekit.hardware import resolve_dtype
 # in our scheduler class (scheduler.py) on vLLM's "fcfs" queues, which the class orders by the policy.
 OWN_SCHEDULER_POLICIES = ("default",)
 POLICY_KEY = "streamrag_policy"       # additional_config key: our policy, read by the scheduler class
+POLICY_OPTIONS_KEY = "streamrag_policy_options"   # ... and its options (make_policy's keyword arguments)
 # Eviction on vLLM: recompute is vLLM's preemption. Offloading preempted KV to host memory needs
 # vLLM's KV offloading connector, whose CPU worker refuses the CPU platform
 # (vllm/v1/kv_offload/cpu/spec.py: "only supported on CUDA-alike and XPU GPUs"), and which
@@ -54,6 +55,7 @@ class VllmSpec:
     enable_prefix_cache: bool = True
     seed: int = 0
     eviction: str = "recompute"
+    policy_options: tuple[tuple[str, float], ...] = ()   # make_policy's options (lcas: starvation_s)
 
     def __post_init__(self) -> None:         # "auto" becomes the concrete dtype for this device
         object.__setattr__(self, "dtype", resolve_dtype(self.dtype, self.device))
@@ -117,7 +119,7 @@ def engine_args(spec: VllmSpec) -> Any:
         extra["max_model_len"] = spec.max_model_len
     if (scheduler_cls := scheduler_class_name(spec.policy)) is not None:
         extra["scheduler_cls"] = scheduler_cls
-        extra["additional_config"] = {POLICY_KEY: spec.policy}
+        extra["additional_config"] = {POLICY_KEY: spec.policy, POLICY_OPTIONS_KEY: dict(spec.policy_options)}
     return AsyncEngineArgs(
         model=str(spec.model_dir), tokenizer=str(spec.model_dir), dtype=spec.dtype, enforce_eager=True,
         enable_prefix_caching=spec.enable_prefix_cache, scheduling_policy="fcfs",

@@ -33,7 +33,8 @@ from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.request import RequestStatus
 
-from inference_svc.vllm_backend.config import POLICY_KEY
+from inference_svc.engine.policies import make_policy
+from inference_svc.vllm_backend.config import POLICY_KEY, POLICY_OPTIONS_KEY
 from inference_svc.vllm_backend.ranking import PolicyRanker
 
 _READY = (RequestStatus.WAITING, RequestStatus.PREEMPTED)
@@ -44,13 +45,14 @@ class PolicySchedulingMixin:
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        name = (self.vllm_config.additional_config or {}).get(POLICY_KEY)
+        extra = self.vllm_config.additional_config or {}
+        name = extra.get(POLICY_KEY)
         if name is None:
             raise ValueError(f"{type(self).__name__} needs additional_config[{POLICY_KEY!r}] (our policy's name)")
         if self.policy.value != "fcfs":
             raise ValueError(f"{type(self).__name__} runs on vLLM's 'fcfs' queues (it orders them itself), "
                              f"got scheduling_policy={self.policy.value!r}")
-        self.ranker = PolicyRanker(name)
+        self.ranker = PolicyRanker(make_policy(name, **extra.get(POLICY_OPTIONS_KEY, {})))
 
     # --- the step -------------------------------------------------------------------------
     def schedule(self, *args: Any, **kwargs: Any):
