@@ -10,7 +10,7 @@ from pathlib import Path
 from inference_svc.chat_format import chat_format
 from inference_svc.engine.engine import EngineConfig
 from inference_svc.engine.factory import EngineSpec, build_engine
-from inference_svc.engine.options import DEFAULT_BLOCK_SIZE
+from inference_svc.engine.options import DEFAULT_BLOCK_SIZE, DEFAULT_EVICTION
 from inference_svc.engine_thread import EngineThread
 from inference_svc.metrics import InferenceMetrics
 from inference_svc.servicer import InferenceServicer
@@ -28,9 +28,16 @@ def engine_spec_from_args(args: argparse.Namespace) -> EngineSpec:
         model_dir=model_dir, device=args.device, dtype=args.dtype, kv_device_blocks=args.kv_device_blocks,
         kv_device_bytes=args.kv_device_bytes, kv_cpu_blocks=args.kv_cpu_blocks,
         engine=EngineConfig(block_size=args.block_size or DEFAULT_BLOCK_SIZE, token_budget=args.token_budget,
-                            max_running=args.max_running, policy=args.policy, eviction=args.eviction,
+                            max_running=args.max_running, policy=args.policy,
+                            eviction=args.eviction or DEFAULT_EVICTION, policy_options=policy_options(args),
                             speculative_share=args.speculative_share,
                             speculative_reserve_share=args.speculative_reserve_share))
+
+
+def policy_options(args: argparse.Namespace) -> dict:
+    """Options of the chosen policy from the flags (both backends)."""
+    starvation_s = getattr(args, "lcas_starvation_s", None)
+    return {"starvation_s": starvation_s} if args.policy == "lcas" and starvation_s is not None else {}
 
 
 def checked_model_dir(args: argparse.Namespace) -> Path:

@@ -40,7 +40,9 @@ def add_inference_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", default=env("device", DEFAULT_DEVICE), help="cpu or cuda[:N]")
     parser.add_argument("--dtype", default=env("dtype", DEFAULT_DTYPE), choices=DTYPE_CHOICES)
     parser.add_argument("--policy", default=env("policy", DEFAULT_POLICY), choices=POLICY_CHOICES)
-    parser.add_argument("--eviction", default=env("eviction", DEFAULT_EVICTION), choices=EVICTION_CHOICES)
+    parser.add_argument("--eviction", default=env("eviction", None), choices=EVICTION_CHOICES,
+                        help=f"default: {DEFAULT_EVICTION} on the native engine, recompute on --backend vllm "
+                             "(the only mode vLLM honours, docs/vllm.md)")
     pool = parser.add_mutually_exclusive_group()
     pool.add_argument("--kv-device-blocks", type=int, default=None, help="device KV pool size in blocks")
     pool.add_argument("--kv-device-bytes", type=int, default=None, help="device KV pool size in bytes")
@@ -50,6 +52,9 @@ def add_inference_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--token-budget", type=int, default=env("token_budget", DEFAULT_TOKEN_BUDGET))
     parser.add_argument("--max-running", type=int, default=env("max_running", DEFAULT_MAX_RUNNING))
     add_speculative_args(parser, env)
+    parser.add_argument("--lcas-starvation-s", type=float, default=env("lcas_starvation_s", None),
+                        help="lcas: a request passed over for longer than this jumps ahead "
+                             "(default: the policy's, 5 s)")
     parser.add_argument("--max-streams", type=int, default=env("max_streams", DEFAULT_MAX_STREAMS),
                         help="open StreamPrompt/Generate calls allowed at once")
     parser.add_argument("--backend", default=env("backend", DEFAULT_BACKEND), choices=BACKEND_CHOICES,

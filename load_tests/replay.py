@@ -68,6 +68,7 @@ from retriever_svc.trace import TraceDocument, TraceQuery, read_trace
 
 ENGINE = "native"
 ENGINES = ("native", "vllm")
+DEFAULT_EVICTIONS = {"native": DEFAULT_EVICTION, "vllm": "recompute"}   # without --eviction (docs/vllm.md)
 START_DELAY_S = 0.2          # first arrival after the run starts (lets every task get scheduled)
 
 
@@ -382,24 +383,37 @@ def engine_spec(args: argparse.Namespace, policy: str, eviction: str) -> Any:
                                           speculative_reserve_share=args.speculative_reserve_share))
 
 
-def _bench_vllm(args: argparse.Namespace, policy: str, workloads: dict[str, list[TraceQuery]],
+def _bench_vllm(args: argparse.Namespace, policy: str, eviction: str, workloads: dict[str, list[TraceQuery]],
                 session: Callable[[], str], say: Callable[[str], None], configs: list[dict[str, Any]],
-                rows: list[dict[str, Any]], requests_out: Any) -> None:
-    """vLLM-S (its streaming input) and vLLM-NS (Generate) on a `--backend vllm` service subprocess,
-    run by `--vllm-python` (an interpreter with the vllm extra, docs/vllm.md)."""
+                rows: list[dict[str, Any]], requests_out: Any, modes: Sequence[bool]) -> None:
+    """A `--backend vllm` service subprocess with `policy` and `eviction`, run by `--vllm-python` (an
+    interpreter with the vllm extra, docs/vllm.md): policy `default` is vLLM's own scheduler (streaming:
+    vLLM-S; Generate: vLLM-NS), the others our policy in vLLM (scheduler.py)."""
     from inference_svc.vllm_backend.launch import start_vllm_service
 
-    extra = ["--token-budget", str(args.token_budget)]
+    extra = ["--token-budget", str(args.token_budget), "--eviction", eviction]
     if args.kv_device_blocks:
         extra += ["--kv-device-blocks", str(args.kv_device_blocks)]
-    say(f"starting the vLLM inference service ({args.vllm_python}): policy {policy}")
+    say(f"starting the vLLM inference service ({args.vllm_python}): policy {policy}, eviction {eviction}")
     service = start_vllm_service(args.model, max_streams=args.max_streams, policy=policy, dtype=args.dtype,
                                  device=args.device, extra_args=extra, metrics_port=0, python=args.vllm_python)
     say(f"vLLM service log: {service.log_path}")
     try:
-        asyncio.run(_bench_on(service.address, workloads, args, session, say, configs, rows, requests_out))
+        asyncio.run(_bench_on(service.address, workloads, args, session, say, configs, rows, requests_out, modes))
     finally:
         service.stop()
+
+
+def _check_vllm_supports(policies: Sequence[str], evictions: Sequence[str]) -> None:
+    """Fail before any run when `--engine vllm` cannot honour a listed policy or eviction mode."""
+    from inference_svc.vllm_backend.config import UnsupportedConfiguration, check_supported
+
+    try:
+        for policy in policies:
+            for eviction in evictions:
+                check_supported(policy, eviction)
+    except UnsupportedConfiguration as exc:
+        raise ValueError(f"--engine vllm: {exc}") from None
 
 
 def _default_vllm_python() -> str:
@@ -495,16 +509,22 @@ def run_benchmark(args: argparse.Namespace, say: Callable[[str], None]) -> dict[
             asyncio.run(_bench_on(args.address, workloads, args, session, say, configs, rows, requests_out))
         else:
             policies = _split_list(args.policies, POLICY_CHOICES, "--policies")
-            evictions = _split_list(args.eviction, EVICTION_CHOICES, "--eviction")
-            for engine in _split_list(args.engine, ENGINES, "--engine"):
-                if engine == "vllm":
-                    _bench_vllm(args, args.vllm_policy, workloads, session, say, configs, rows, requests_out)
-                    continue
+            engines = _split_list(args.engine, ENGINES, "--engine")
+            evictions_of = {engine: _split_list(args.eviction or DEFAULT_EVICTIONS[engine], EVICTION_CHOICES,
+                                                "--eviction") for engine in engines}
+            if "vllm" in engines:
+                _check_vllm_supports(policies, evictions_of["vllm"])
+            for engine in engines:
+                evictions = evictions_of[engine]
                 pairs = [(policy, eviction) for policy in policies for eviction in evictions]
                 for i, (policy, eviction) in enumerate(pairs):
                     # The non-streaming baseline runs once, in the first configuration: a whole prompt
                     # sent at once leaves nothing for the policy or eviction mode to decide.
                     modes = (True, False) if i == 0 or args.baseline == "each" else (True,)
+                    if engine == "vllm":
+                        _bench_vllm(args, policy, eviction, workloads, session, say, configs, rows, requests_out,
+                                    modes)
+                        continue
                     say(f"starting the inference service: policy {policy}, eviction {eviction} "
                         f"({len(pairs) - i} configuration(s) to go)")
                     service = InProcessInference(engine_spec(args, policy, eviction), args.max_streams)
@@ -569,18 +589,17 @@ def add_bench_replay_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--qps", type=_positive_float, action="append", required=True,
                         help="query arrival rate (Poisson); repeat for several loads")
     parser.add_argument("--engine", default="native",
-                        help="comma-separated engines: native (ours, every policy x eviction) and/or vllm "
-                             "(vLLM-S and vLLM-NS on a --backend vllm service; docs/vllm.md)")
+                        help="comma-separated engines: native (ours) and/or vllm (a --backend vllm service; "
+                             "policy default = vLLM's own scheduler, i.e. vLLM-S / vLLM-NS; docs/vllm.md), "
+                             "each over every policy x eviction")
     parser.add_argument("--vllm-python", default=_default_vllm_python(),
                         help="interpreter with the vllm extra for --engine vllm "
                              "(default: $STREAMRAG_VLLM_PYTHON, else /opt/vllm-venv if present)")
-    parser.add_argument("--vllm-policy", default="default", choices=["default", "fcfs"],
-                        help="the vLLM service's policy: default = vLLM's own FIFO scheduler (the paper's "
-                             "vLLM-S), fcfs = vLLM's priority scheduler with complete prompts first")
     parser.add_argument("--policies", default=DEFAULT_POLICY,
                         help=f"comma-separated scheduling policies (default: {DEFAULT_POLICY})")
-    parser.add_argument("--eviction", default=DEFAULT_EVICTION,
-                        help=f"comma-separated eviction modes (default: {DEFAULT_EVICTION})")
+    parser.add_argument("--eviction", default=None,
+                        help=f"comma-separated eviction modes (default: {DEFAULT_EVICTION} on native, recompute on "
+                             "vllm, the only mode vLLM honours)")
     parser.add_argument("--kv-device-blocks", type=_positive_int, default=None,
                         help="device KV pool size in blocks (small: memory pressure)")
     parser.add_argument("--kv-cpu-blocks", type=int, default=DEFAULT_KV_CPU_BLOCKS,

@@ -45,9 +45,10 @@ for step in $STEPS; do
         --out "$OUT/anns-t10.jsonl"
       $SR bench replay --trace "$OUT/anns-t10.jsonl" --qps 0.2 \
         --policies fcfs --eviction cost "${COMMON[@]}" --out "$OUT/anns-t10" ;;
-    peer)               # ours against vLLM-S and vLLM-NS, crawler at high load
+    peer)               # ours (native, and our fcfs inside vLLM) against vLLM-S and vLLM-NS (vllm + default),
+                        # crawler at high load; eviction: cost on native, recompute on vllm (the defaults)
       $SR bench replay --trace "$OUT/crawler-120.jsonl" --qps 1.333 --engine native,vllm \
-        --policies fcfs --eviction cost "${COMMON[@]}" --out "$OUT/peer" ;;
+        --policies default,fcfs "${COMMON[@]}" --out "$OUT/peer" ;;
     anns)               # paper QPS 0.5, 1, 2
       $SR bench replay --trace "$OUT/anns.jsonl" --qps 0.167 --qps 0.333 --qps 0.667 \
         --policies fcfs --eviction cost "${COMMON[@]}" --out "$OUT/anns" ;;

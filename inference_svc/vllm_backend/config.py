@@ -17,13 +17,20 @@ from inference_svc.engine.options import (
     DEFAULT_MAX_RUNNING,
     DEFAULT_POLICY,
     DEFAULT_TOKEN_BUDGET,
+    POLICY_CHOICES,
 )
 from servicekit.hardware import resolve_dtype
 
-# Our policies on vLLM's schedulers: only "default" (FIFO) is vLLM's own "fcfs"; the others run on
-# vLLM's "priority" scheduler with per-request priorities from `priority_for` (policy.py).
-SCHEDULING_POLICY = {"default": "fcfs", "fcfs": "priority", "lcas": "priority", "mcps": "priority",
-                     "klpm": "priority"}
+# `default` is vLLM's own scheduler, untouched (its FIFO: the paper's vLLM-S). Every other policy runs
+# in our scheduler class (scheduler.py) on vLLM's "fcfs" queues, which the class orders by the policy.
+OWN_SCHEDULER_POLICIES = ("default",)
+POLICY_KEY = "streamrag_policy"       # additional_config key: our policy, read by the scheduler class
+POLICY_OPTIONS_KEY = "streamrag_policy_options"   # ... and its options (make_policy's keyword arguments)
+# Eviction on vLLM: recompute is vLLM's preemption. Offloading preempted KV to host memory needs
+# vLLM's KV offloading connector, whose CPU worker refuses the CPU platform
+# (vllm/v1/kv_offload/cpu/spec.py: "only supported on CUDA-alike and XPU GPUs"), and which
+# offloads every computed block rather than the victims our cost model picks: not wired here.
+VLLM_EVICTION_MODES = ("recompute",)
 DEFAULT_CPU_KV_GIB = 1          # ~46k tokens of SmolLM2-135M KV in bf16; leaves the 24 GiB machine alone
 GIB = 1 << 30
 
@@ -47,13 +54,39 @@ class VllmSpec:
     max_model_len: int | None = None       # None: the model's context
     enable_prefix_cache: bool = True
     seed: int = 0
+    eviction: str = "recompute"
+    policy_options: tuple[tuple[str, float], ...] = ()   # make_policy's options (lcas: starvation_s)
 
     def __post_init__(self) -> None:         # "auto" becomes the concrete dtype for this device
         object.__setattr__(self, "dtype", resolve_dtype(self.dtype, self.device))
+        check_supported(self.policy, self.eviction)
 
     @property
     def on_cpu(self) -> bool:
         return self.device == "cpu"
+
+
+class UnsupportedConfiguration(ValueError):
+    """A policy or eviction mode this vLLM backend cannot honour (raised at start-up, never a fallback)."""
+
+
+def check_supported(policy: str, eviction: str) -> None:
+    if policy not in POLICY_CHOICES:
+        raise UnsupportedConfiguration(f"--policy {policy!r} is not a policy; choose one of "
+                                       f"{', '.join(POLICY_CHOICES)}")
+    if eviction not in VLLM_EVICTION_MODES:
+        raise UnsupportedConfiguration(
+            f"--eviction {eviction!r} cannot be honoured on --backend vllm: vLLM preempts by recompute only; "
+            "its KV offloading connector does not run on the CPU platform and is not wired to our cost model "
+            "(docs/vllm.md). Use --eviction recompute.")
+
+
+def scheduler_class_name(policy: str) -> str | None:
+    """The `scheduler_cls` for `policy` (None: vLLM's own). The async variant; `engine.py` switches to
+    the synchronous one when vLLM turns async scheduling off."""
+    if policy in OWN_SCHEDULER_POLICIES:
+        return None
+    return "inference_svc.vllm_backend.scheduler.PolicyStreamingScheduler"
 
 
 def prepare_environment(spec: VllmSpec) -> None:
@@ -84,8 +117,11 @@ def engine_args(spec: VllmSpec) -> Any:
         extra["kv_cache_memory_bytes"] = spec.kv_device_bytes
     if spec.max_model_len is not None:
         extra["max_model_len"] = spec.max_model_len
+    if (scheduler_cls := scheduler_class_name(spec.policy)) is not None:
+        extra["scheduler_cls"] = scheduler_cls
+        extra["additional_config"] = {POLICY_KEY: spec.policy, POLICY_OPTIONS_KEY: dict(spec.policy_options)}
     return AsyncEngineArgs(
         model=str(spec.model_dir), tokenizer=str(spec.model_dir), dtype=spec.dtype, enforce_eager=True,
-        enable_prefix_caching=spec.enable_prefix_cache, scheduling_policy=SCHEDULING_POLICY[spec.policy],
+        enable_prefix_caching=spec.enable_prefix_cache, scheduling_policy="fcfs",
         max_num_batched_tokens=max(spec.token_budget, 1), max_num_seqs=spec.max_running, seed=spec.seed,
         disable_log_stats=False, **extra)

@@ -65,5 +65,10 @@ def start_engine(spec: VllmSpec) -> tuple[AsyncLLM, VllmCounters]:
     counters = VllmCounters()
     logger_cls = type("StreamragCountersLogger", (CountersLogger,), {"counters": counters})
     args: AsyncEngineArgs = engine_args(spec)
-    llm = AsyncLLM.from_engine_args(args, stat_loggers=[logger_cls])
+    vllm_config = args.create_engine_config()
+    scheduler = vllm_config.scheduler_config
+    if scheduler.scheduler_cls is not None and not scheduler.async_scheduling:
+        # vLLM turned async scheduling off here: our policy on its synchronous scheduler
+        scheduler.scheduler_cls = "inference_svc.vllm_backend.scheduler.PolicyStreamingSyncScheduler"
+    llm = AsyncLLM.from_vllm_config(vllm_config, stat_loggers=[logger_cls])
     return llm, counters

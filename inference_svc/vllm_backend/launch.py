@@ -34,17 +34,22 @@ READY = re.compile(r"inference service on ([^\s:]+):(\d+) \(metrics :(\d+|None)\
 
 def build_vllm_service(args: argparse.Namespace, model_dir: Path, config: ServiceConfig):
     """The service for parsed `streamrag serve inference --backend vllm` flags (imports vllm)."""
-    from inference_svc.vllm_backend.config import VllmSpec, vllm_available
+    from inference_svc.server import policy_options
+    from inference_svc.vllm_backend.config import UnsupportedConfiguration, VllmSpec, vllm_available
 
     if not vllm_available():
         raise SystemExit("error: --backend vllm needs vllm in this Python: see docs/vllm.md "
                          "(python3.11 -m inference_svc.vllm_backend.install /opt/vllm-venv)")
     from inference_svc.vllm_backend.service import VllmInferenceService
 
-    spec = VllmSpec(model_dir=model_dir, device=args.device, dtype=args.dtype, policy=args.policy,
-                    block_size=args.block_size, kv_device_bytes=args.kv_device_bytes,
-                    kv_device_blocks=args.kv_device_blocks, token_budget=args.token_budget,
-                    max_running=args.max_running)
+    try:
+        spec = VllmSpec(model_dir=model_dir, device=args.device, dtype=args.dtype, policy=args.policy,
+                        block_size=args.block_size, kv_device_bytes=args.kv_device_bytes,
+                        kv_device_blocks=args.kv_device_blocks, token_budget=args.token_budget,
+                        max_running=args.max_running, eviction=args.eviction or "recompute",
+                        policy_options=tuple(policy_options(args).items()))
+    except UnsupportedConfiguration as exc:
+        raise SystemExit(f"error: {exc}") from None
     return VllmInferenceService(spec, config, args.max_streams)
 
 

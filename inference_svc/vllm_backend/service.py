@@ -61,7 +61,7 @@ class VllmInferenceService:
         self.metrics = InferenceMetrics()
         info = inference_pb2.ModelInfo(
             model=spec.model_dir.name, context_length=model_config.max_model_len, block_size=block_size,
-            policy=spec.policy, backend="vllm", eviction_mode="recompute", dtype=spec.dtype, device=spec.device,
+            policy=spec.policy, backend="vllm", eviction_mode=spec.eviction, dtype=spec.dtype, device=spec.device,
             chat_format=chat_format(tokenizer, eos_token_ids(spec.model_dir, tokenizer)),
             vocab_size=model_config.get_vocab_size(),
             token_budget=self.llm.vllm_config.scheduler_config.max_num_batched_tokens)

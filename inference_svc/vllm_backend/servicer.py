@@ -10,7 +10,6 @@ from inference_svc.engine.request import Segment
 from inference_svc.engine.sampler import SamplingParams
 from inference_svc.metrics import InferenceMetrics
 from inference_svc.servicer import StreamServicerBase
-from inference_svc.vllm_backend.policy import priority_for
 from inference_svc.vllm_backend.prompt import StreamedPrompt
 from inference_svc.vllm_backend.session import VllmRequest
 from inference_svc.vllm_backend.stats import StatsSource
@@ -32,9 +31,8 @@ class VllmServicer(StreamServicerBase):
     async def _open(self, request_id: str, segments: list[Segment], sampling: SamplingParams, priority: int,
                     arrived: float, complete: bool) -> asyncio.Queue:
         events: asyncio.Queue = asyncio.Queue()
-        policy = self.model_info.policy
-        request = VllmRequest(self.llm, request_id, self.new_prompt(), sampling,
-                              lambda context_complete: priority_for(policy, priority, context_complete), events,
+        # `priority` (the caller's hint) is not used: our policies rank by their own rules on both backends
+        request = VllmRequest(self.llm, request_id, self.new_prompt(), sampling, events,
                               self.decode, arrived, self.stats.request_ended)
         self._requests[request_id] = request
         self.stats.request_received()

@@ -36,6 +36,7 @@ from inference_svc.engine.request import FinishReason, RequestStats
 from inference_svc.engine.sampler import SamplingParams
 from inference_svc.engine_thread import RequestSummary
 from inference_svc.vllm_backend.prompt import StreamedPrompt
+from inference_svc.vllm_backend.ranking import stream_marks
 
 log = logging.getLogger(__name__)
 FINISH_REASONS = {"stop": FinishReason.STOP, "length": FinishReason.LENGTH, "abort": FinishReason.ABORT}
@@ -43,25 +44,33 @@ _END = object()   # closes a session's input generator after the final turn
 
 
 def vllm_params(params: SamplingParams, max_tokens: int) -> VllmSamplingParams:
+    """The caller's sampling on a complete prompt (the final turn, or a whole submission); marked
+    complete for our scheduler class (ranking.py)."""
     return VllmSamplingParams(
         temperature=params.temperature, top_p=params.top_p, top_k=params.top_k, seed=params.seed,
         max_tokens=max_tokens, stop_token_ids=list(params.stop_token_ids), ignore_eos=params.ignore_eos,
-        stop=list(params.stop), output_kind=RequestOutputKind.DELTA, detokenize=bool(params.stop))
+        stop=list(params.stop), output_kind=RequestOutputKind.DELTA, detokenize=bool(params.stop),
+        extra_args=stream_marks(complete=True))
 
 
-INTERMEDIATE = VllmSamplingParams(max_tokens=1, temperature=0.0, output_kind=RequestOutputKind.DELTA,
-                                  detokenize=False)
+def intermediate_params() -> VllmSamplingParams:
+    """A turn of a prompt still receiving context: one greedy token, discarded by vLLM; marked partial,
+    with the chunk's arrival, for our scheduler class."""
+    return VllmSamplingParams(max_tokens=1, temperature=0.0, output_kind=RequestOutputKind.DELTA,
+                              detokenize=False, extra_args=stream_marks(complete=False))
+
+
+INTERMEDIATE = intermediate_params()
 
 
 class VllmRequest:
     def __init__(self, llm: AsyncLLM, request_id: str, prompt: StreamedPrompt, sampling: SamplingParams,
-                 priority: Callable[[bool], int], events: asyncio.Queue, decode: Callable[[list[int]], str],
+                 events: asyncio.Queue, decode: Callable[[list[int]], str],
                  arrived_at: float, on_end: Callable[[RequestSummary], None]) -> None:
         self.llm = llm
         self.request_id = request_id
         self.prompt = prompt
         self.sampling = sampling
-        self.priority = priority
         self.events = events
         self.decode = decode
         self.on_end = on_end
@@ -129,7 +138,7 @@ class VllmRequest:
     # --- incarnations -------------------------------------------------------------------------
     def _start_session(self, first: list[int]) -> None:
         self._inputs = asyncio.Queue()
-        self._inputs.put_nowait(StreamingInput(TokensPrompt(prompt_token_ids=list(first)), INTERMEDIATE))
+        self._inputs.put_nowait(StreamingInput(TokensPrompt(prompt_token_ids=list(first)), intermediate_params()))
         self._turns_sent = 1
         self._final_turn = None
         self._launch(self._session(self._inputs), len(first))
@@ -138,7 +147,7 @@ class VllmRequest:
         if self._inputs is None:
             self._start_session(self.prompt.tokens)
             return
-        self._inputs.put_nowait(StreamingInput(TokensPrompt(prompt_token_ids=list(tokens)), INTERMEDIATE))
+        self._inputs.put_nowait(StreamingInput(TokensPrompt(prompt_token_ids=list(tokens)), intermediate_params()))
         self._turns_sent += 1
         self._submitted += len(tokens)
 
@@ -163,11 +172,10 @@ class VllmRequest:
             while (item := await inputs.get()) is not _END:
                 yield item
 
-        return self.llm.generate(chunks(), INTERMEDIATE, self._vllm_id(), priority=self.priority(False))
+        return self.llm.generate(chunks(), INTERMEDIATE, self._vllm_id())
 
     def _plain(self, tokens: list[int], params: VllmSamplingParams) -> AsyncIterator:
-        return self.llm.generate(TokensPrompt(prompt_token_ids=list(tokens)), params, self._vllm_id(),
-                                 priority=self.priority(True))
+        return self.llm.generate(TokensPrompt(prompt_token_ids=list(tokens)), params, self._vllm_id())
 
     async def _consume(self, incarnation: int, outputs: AsyncIterator) -> None:
         turn = 0

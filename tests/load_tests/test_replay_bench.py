@@ -167,3 +167,20 @@ def test_vllm_engine_without_vllm_is_a_clear_error(tmp_path: Path, capsys: pytes
     assert run_bench_replay(args) == 1
     err = capsys.readouterr().err
     assert "error: the vLLM inference service did not start" in err and "needs vllm" in err
+
+
+def test_vllm_engine_refuses_an_eviction_mode_it_cannot_honour_before_any_run(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`--engine native,vllm --eviction recompute,cost`: the same lists as native; cost is refused by
+    name before anything starts (no silent fallback to recompute)."""
+    import sys
+
+    parser = argparse.ArgumentParser()
+    add_bench_replay_args(parser)
+    args = parser.parse_args(["--trace", str(tiny_trace(tmp_path / "tiny.jsonl")), "--qps", "1",
+                              "--engine", "native,vllm", "--policies", "fcfs,lcas", "--eviction", "recompute,cost",
+                              "--vllm-python", sys.executable, "--out", str(tmp_path / "out")])
+    assert run_bench_replay(args) == 1
+    err = capsys.readouterr().err
+    assert "--engine vllm: --eviction 'cost' cannot be honoured on --backend vllm" in err
+    assert not (tmp_path / "out" / "summary.json").exists()

@@ -2,6 +2,8 @@
 streamed and one-shot answers agree exactly within the backend).
 
     /opt/vllm-venv/bin/python -m pytest --run-vllm -m vllm tests/service/test_inference_vllm.py
+    STREAMRAG_VLLM_TEST_POLICY=lcas /opt/vllm-venv/bin/python -m pytest --run-vllm -m vllm \
+        tests/service/test_inference_vllm.py      # the same tests under another policy
 
 The streaming, cancellation and bad-input tests are the native suite's own functions, imported
 here so they run with this module's `inference` fixture. Left out, being about the native
@@ -15,6 +17,7 @@ signal that the head was prefilled).
 
 from __future__ import annotations
 
+import os
 import threading
 
 import pytest
@@ -54,7 +57,10 @@ pytestmark = pytest.mark.vllm
 
 @pytest.fixture(scope="module")
 def inference(embedded_model_dir):
-    service = RunningVllmInference(embedded_model_dir, max_streams=48)
+    # STREAMRAG_VLLM_TEST_POLICY: run the same black-box tests under another policy (default fcfs:
+    # our scheduler class; `default`: vLLM's own scheduler)
+    service = RunningVllmInference(embedded_model_dir, max_streams=48,
+                                   policy=os.environ.get("STREAMRAG_VLLM_TEST_POLICY", "fcfs"))
     yield service
     service.stop()
 

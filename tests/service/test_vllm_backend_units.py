@@ -1,5 +1,5 @@
 """Parts of the vLLM backend that need no vllm (run in the default suite): prompt validation with
-the native engine's errors, policy priorities, and that the native path never loads vllm."""
+the native engine's errors, and that the native path never loads vllm."""
 
 from __future__ import annotations
 
@@ -11,7 +11,6 @@ import pytest
 from inference_svc.engine.engine import EngineInputError, PromptTooLongError
 from inference_svc.engine.request import Segment
 from inference_svc.vllm_backend.install import project_requirements
-from inference_svc.vllm_backend.policy import priority_for
 from inference_svc.vllm_backend.prompt import PromptLimits, StreamedPrompt
 
 
@@ -57,12 +56,6 @@ def test_empty_prompt_is_rejected_at_finish():
     p.open([])
     with pytest.raises(EngineInputError, match="the prompt is empty"):
         p.finish([Segment(text="")])
-
-
-def test_priorities():
-    assert priority_for("default", 5, False) == 0
-    assert priority_for("fcfs", 0, True) < priority_for("fcfs", 0, False) < priority_for("fcfs", 1, True)
-    assert priority_for("lcas", 0, False) == priority_for("lcas", 0, True)
 
 
 def test_installer_leaves_transformers_to_vllm():

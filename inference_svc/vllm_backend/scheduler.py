@@ -1,0 +1,171 @@
+"""Our policies as a vLLM V1 scheduler class (`scheduler_cls`), no fork.
+
+vLLM's `Scheduler.schedule()` serves `running` in list order, then the waiting queues
+(`kv_holding_waiting`, requests that keep KV blocks such as streaming sessions between turns,
+before `waiting`), and when a running request cannot get blocks it preempts `running[-1]`
+(under vLLM's "fcfs" queue policy, which this class runs on). So each step, before vLLM's
+own pass, `PolicyStreamingScheduler`:
+
+1. ranks every unfinished request by our policy (`ranking.PolicyRanker`, over the same
+   policy classes as the native engine), with the streaming marks the backend's session
+   code put on each turn (context complete or not, the chunk's arrival);
+2. orders `running` and both waiting queues by that rank, so vLLM's own scan follows our
+   order and its preemption (`running[-1]`) takes the lowest priority first;
+3. lets the highest-ranked ready waiting request overtake lower-ranked work that vLLM would
+   otherwise serve first: running prefills of partial prompts and KV-holding waiting requests
+   ranked below it sit this step out (they keep their KV); if the device pool cannot hold the
+   overtaking request, the lowest-ranked of those running prefills are preempted (recompute)
+   until it can;
+4. after vLLM's pass, puts them back and records who was passed over (LCAS's starvation bound).
+
+vLLM's streaming sessions idle between turns (`WAITING_FOR_STREAMING_REQ`) keep their KV and
+vLLM gives no way to preempt them; they are ranked but never evicted here (docs/vllm.md).
+The policy's name comes from `vllm_config.additional_config["streamrag_policy"]` (set by
+`config.engine_args`), since this class is built inside vLLM's engine-core process.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from vllm.v1.core.sched.async_scheduler import AsyncScheduler
+from vllm.v1.core.sched.scheduler import Scheduler
+from vllm.v1.request import RequestStatus
+
+from inference_svc.engine.policies import make_policy
+from inference_svc.vllm_backend.config import POLICY_KEY, POLICY_OPTIONS_KEY
+from inference_svc.vllm_backend.ranking import PolicyRanker
+
+_READY = (RequestStatus.WAITING, RequestStatus.PREEMPTED)
+
+
+class PolicySchedulingMixin:
+    """The policy step around vLLM's `schedule()`; mixed into `Scheduler` or `AsyncScheduler`."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        extra = self.vllm_config.additional_config or {}
+        name = extra.get(POLICY_KEY)
+        if name is None:
+            raise ValueError(f"{type(self).__name__} needs additional_config[{POLICY_KEY!r}] (our policy's name)")
+        if self.policy.value != "fcfs":
+            raise ValueError(f"{type(self).__name__} runs on vLLM's 'fcfs' queues (it orders them itself), "
+                             f"got scheduling_policy={self.policy.value!r}")
+        self.ranker = PolicyRanker(make_policy(name, **extra.get(POLICY_OPTIONS_KEY, {})))
+
+    # --- the step -------------------------------------------------------------------------
+    def schedule(self, *args: Any, **kwargs: Any):
+        now = time.time()
+        held_running, held_waiting, runnable = self._arrange(now)
+        try:
+            out = super().schedule(*args, **kwargs)
+        finally:
+            self.running.extend(held_running)
+            self.kv_holding_waiting.extend(held_waiting)
+            self._order_running()
+        self.ranker.note_scheduled(set(out.num_scheduled_tokens), runnable, now)
+        return out
+
+    def _free_request(self, request, *args: Any, **kwargs: Any):
+        self.ranker.forget((request.request_id,))
+        return super()._free_request(request, *args, **kwargs)
+
+    # --- ordering ---------------------------------------------------------------------------
+    def _arrange(self, now: float) -> tuple[list, list, list]:
+        live = [*self.running, *self.kv_holding_waiting, *self.waiting]
+        if not live:
+            return [], [], []
+        self._rank = {r.request_id: i for i, r in enumerate(self.ranker.rank(live, now, self._cached_prefix_tokens))}
+        runnable = [r for r in live if r.status is RequestStatus.RUNNING or r.status in _READY]
+        self._order_running()
+        self._order_queue(self.kv_holding_waiting)
+        self._order_queue(self.waiting)
+        top = self._top_ready_waiting()
+        if top is None:
+            return [], [], runnable
+        rank = self._rank
+        limit = rank[top.request_id]
+        below = [r for r in self.running if rank[r.request_id] > limit and self._partial_prefill(r)]
+        held_waiting = [r for r in self.kv_holding_waiting if rank[r.request_id] > limit and r.status in _READY]
+        if (not below and not held_waiting) or not self._would_wait(top, limit, below + held_waiting):
+            return [], [], runnable
+        self._make_room(top, below, now)
+        held_running = [r for r in below if r.status is RequestStatus.RUNNING]
+        if held_running:
+            held = set(held_running)
+            self.running = [r for r in self.running if r not in held]
+        if held_waiting:
+            self.kv_holding_waiting.remove_requests(held_waiting)
+        self._order_queue(self.waiting)   # preempted requests were prepended
+        return held_running, held_waiting, runnable
+
+    def _order_running(self) -> None:
+        rank, last = self._rank_of, len(self.ranker.views)
+        self.running.sort(key=lambda r: rank(r, last))
+
+    def _order_queue(self, queue) -> None:
+        if len(queue) > 1:
+            rank, last = self._rank_of, len(self.ranker.views)
+            ordered = sorted(queue, key=lambda r: rank(r, last))
+            queue.clear()
+            queue.extend(ordered)
+
+    def _rank_of(self, request, default: int) -> int:
+        return getattr(self, "_rank", {}).get(request.request_id, default)
+
+    def _top_ready_waiting(self):
+        """The highest-ranked waiting request vLLM could start now (not an idle session)."""
+        firsts = [next((r for r in queue if r.status in _READY), None)   # queues are in rank order
+                  for queue in (self.kv_holding_waiting, self.waiting)]
+        firsts = [r for r in firsts if r is not None]
+        return min(firsts, key=lambda r: self._rank[r.request_id]) if firsts else None
+
+    def _would_wait(self, top, limit: int, below: list) -> bool:
+        """Whether vLLM, serving `below` (lower-ranked work it takes first) this step, would leave
+        `top` less of the token budget than it could use."""
+        budget = self.max_num_scheduled_tokens
+        above = sum(self._pending(r) for r in self.running if self._rank[r.request_id] < limit)
+        left = max(0, budget - above)
+        return left - sum(self._pending(r) for r in below) < min(self._pending(top), left)
+
+    @staticmethod
+    def _pending(request) -> int:
+        return max(1, request.num_tokens - request.num_computed_tokens)
+
+    def _partial_prefill(self, request) -> bool:
+        """A running request computing a prompt that is still receiving context, with no sampled
+        token in flight (async scheduling): safe to leave out of one step."""
+        return (not self.ranker.is_complete(request) and request.num_output_placeholders == 0
+                and request.num_computed_tokens < request.num_tokens)
+
+    def _make_room(self, top, victims: list, now: float) -> None:
+        """Preempt (recompute) the lowest-ranked `victims` until the device pool can hold `top`'s
+        uncomputed tokens: our eviction order, lowest priority first."""
+        pool = self.kv_cache_manager.block_pool
+        needed = -(-(top.num_tokens - top.num_computed_tokens) // self.block_size)
+        for victim in sorted(victims, key=lambda r: self._rank[r.request_id], reverse=True):
+            if pool.get_num_free_blocks() >= needed:
+                return
+            if victim.status is not RequestStatus.RUNNING or not self._request_blocks_can_be_freed(victim):
+                continue
+            self.running.remove(victim)
+            self._preempt_request(victim, time.monotonic())
+
+    def _cached_prefix_tokens(self, request) -> int:
+        """k-LPM's prefix match: tokens computed, else the longest prefix-cache hit (read only)."""
+        if request.num_computed_tokens:
+            return request.num_computed_tokens
+        if not request.block_hashes:
+            return 0
+        _, tokens, *_ = self.kv_cache_manager.coordinator.find_longest_cache_hit(request.block_hashes,
+                                                                                request.num_tokens - 1)
+        return tokens
+
+
+class PolicyStreamingScheduler(PolicySchedulingMixin, AsyncScheduler):
+    """Our policy on vLLM's async scheduler (the default when async scheduling is on)."""
+
+
+class PolicyStreamingSyncScheduler(PolicySchedulingMixin, Scheduler):
+    """Our policy on vLLM's synchronous scheduler (when vLLM turns async scheduling off)."""

@@ -1,0 +1,80 @@
+"""The scheduler class itself (inference_svc/vllm_backend/scheduler.py) on vLLM's own Request and
+KV cache manager, stepped by hand (no model, no engine process): which request it preempts when
+a higher-priority one needs room.
+
+    /opt/vllm-venv/bin/python -m pytest --run-vllm -m vllm tests/service/test_vllm_scheduler_class.py
+
+Two partial prompts are mid-prefill (512 of 1,200 tokens each, 4 blocks each of a 20-block pool),
+then a complete 1,600-token prompt (13 blocks) arrives with 11 blocks free: the class must free
+room by preempting the lowest priority of the two, and hold the other back for the step.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("vllm")
+pytestmark = pytest.mark.vllm
+
+BLOCK = 128
+NUM_BLOCKS = 20
+BUDGET = 1024
+
+
+def make_scheduler(model_dir, policy: str):
+    import torch
+    from vllm.engine.arg_utils import EngineArgs
+    from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
+    from vllm.v1.structured_output import StructuredOutputManager
+
+    from inference_svc.vllm_backend.config import POLICY_KEY
+    from inference_svc.vllm_backend.scheduler import PolicyStreamingSyncScheduler
+
+    args = EngineArgs(model=str(model_dir), tokenizer=str(model_dir), dtype="float32", enforce_eager=True,
+                      enable_prefix_caching=False, block_size=BLOCK, max_num_batched_tokens=BUDGET, max_num_seqs=8,
+                      long_prefill_token_threshold=512, scheduling_policy="fcfs",
+                      additional_config={POLICY_KEY: policy})
+    config = args.create_engine_config()
+    config.cache_config.num_gpu_blocks = NUM_BLOCKS
+    spec = FullAttentionSpec(block_size=BLOCK, num_kv_heads=1, head_size=8, dtype=torch.float32)
+    kv = KVCacheConfig(num_blocks=NUM_BLOCKS, kv_cache_tensors=[], kv_cache_groups=[KVCacheGroupSpec(["layer"], spec)])
+    return PolicyStreamingSyncScheduler(vllm_config=config, kv_cache_config=kv, block_size=BLOCK,
+                                        structured_output_manager=StructuredOutputManager(config), log_stats=True)
+
+
+def make_request(rid: str, tokens: int, arrival: float, complete: bool):
+    from vllm import SamplingParams
+    from vllm.v1.request import Request
+
+    from inference_svc.vllm_backend.ranking import stream_marks
+
+    params = SamplingParams(max_tokens=1, extra_args=stream_marks(complete, chunk_at=arrival))
+    return Request(rid, list(range(100, 100 + tokens)), params, None, arrival_time=arrival)
+
+
+@pytest.mark.parametrize(("policy", "victim", "kept"), [("fcfs", "later", "earlier"), ("lcas", "earlier", "later")])
+def test_preemption_takes_the_lowest_priority_first(embedded_model_dir, policy, victim, kept):
+    from vllm.v1.request import RequestStatus
+
+    scheduler = make_scheduler(embedded_model_dir, policy)
+    earlier = make_request("earlier", 1200, 1.0, complete=False)
+    later = make_request("later", 1200, 2.0, complete=False)
+    pool = scheduler.kv_cache_manager.block_pool
+    free = pool.get_num_free_blocks()                                  # the pool keeps one null block
+    for request in (earlier, later):
+        scheduler.add_request(request)
+    first = scheduler.schedule()
+    assert first.num_scheduled_tokens == {"earlier": 512, "later": 512}
+    assert pool.get_num_free_blocks() == free - 8 < 13                 # the complete prompt below needs 13
+    # (no model: the step's output is not fed back; these were prefill chunks, they sample nothing)
+
+    complete = make_request("complete", 1600, 3.0, complete=True)
+    scheduler.add_request(complete)
+    second = scheduler.schedule()
+    requests = {"earlier": earlier, "later": later}
+    assert requests[victim].status is RequestStatus.PREEMPTED          # the lowest priority of the two
+    assert requests[victim].num_computed_tokens == 0                   # recompute
+    assert requests[kept].status is RequestStatus.RUNNING and requests[kept].num_computed_tokens == 512
+    assert "complete" in second.num_scheduled_tokens                   # the complete prompt overtook them
+    assert kept not in second.num_scheduled_tokens                     # held back this step, KV kept
+    assert scheduler.running[0].request_id == "complete"              # ranked first from now on
