@@ -50,11 +50,12 @@ class FakeRunner:
                 self.device_kv[chunk.block_table[pos // bs], pos % bs] = token
             self.executed_tokens += len(chunk.token_ids)
             if chunk.want_logits:
-                end = chunk.start_pos + len(chunk.token_ids)
-                context = [int(self.device_kv[chunk.block_table[p // bs], p % bs]) for p in range(end)]
-                logits = torch.zeros(VOCAB)
-                logits[next_token(context)] = 1.0
-                rows.append(logits)
+                last = chunk.start_pos + len(chunk.token_ids)
+                for end in range(last - chunk.num_logits + 1, last + 1):
+                    context = [int(self.device_kv[chunk.block_table[p // bs], p % bs]) for p in range(end)]
+                    logits = torch.zeros(VOCAB)
+                    logits[next_token(context)] = 1.0
+                    rows.append(logits)
         return torch.stack(rows) if rows else torch.empty(0, VOCAB)
 
     def swap_out(self, pairs: list[tuple[int, int]]) -> None:

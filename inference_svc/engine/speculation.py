@@ -1,0 +1,155 @@
+"""Speculative decoding drafted from the request's own tokens (prompt lookup), depth tuned online.
+
+RAG answers quote their context, so the next tokens of an answer often already appear in the
+prompt. Per decoding request, each step:
+
+1. `NgramProposer.propose` finds the longest suffix of the request's tokens (prompt + output)
+   that occurred earlier, trying n-gram sizes from largest to smallest, and drafts the up to
+   k tokens that followed its most recent earlier occurrence. No draft model.
+2. The scheduler appends the draft to the request's one-token decode chunk (verification
+   tokens count in the step's token budget; they take only what complete work left).
+3. The model computes logits at every drafted position in that one forward pass, and
+   `verify` walks them: it samples the model's token at each position exactly as a
+   non-speculative step would (argmax when greedy, the request's own sampler otherwise) and
+   goes on while the sampled token equals the draft. The emitted tokens are the model's own
+   samples, each conditioned on exactly the tokens before it, so greedy output is
+   token-identical to non-speculative decoding and sampled output has the same distribution.
+4. The engine keeps the KV of the accepted tokens and rolls back the rest (frees blocks no
+   longer needed).
+
+`DepthController` chooses k per request in auto mode (after SpecuStream, streamserve-paper
+section 3.5): an EMA of the request's acceptance ratio scales the depth, the engine's load
+lowers it (prefill's share of the last step, and an engine-wide draft token budget shared by
+the decoding requests), and when acceptance collapses the depth drops to zero with a short
+probe every few steps so that a request that starts quoting again recovers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from inference_svc.engine.options import MAX_SPECULATION_DEPTH
+
+DEFAULT_NGRAM_SIZES = (4, 3, 2)   # longest first; a 1-gram match drafts too eagerly on this vocabulary
+
+
+class NgramProposer:
+    """Drafts from the most recent earlier occurrence of the longest matching suffix n-gram.
+
+    The index grows with the tokens (`extend`); a request's tokens only grow once it decodes
+    (rejected drafts never enter them), so the index is built once and extended per step.
+    """
+
+    def __init__(self, ngram_sizes: Sequence[int] = DEFAULT_NGRAM_SIZES) -> None:
+        if not ngram_sizes or any(n < 1 for n in ngram_sizes):
+            raise ValueError("n-gram sizes must be >= 1")
+        self.ngram_sizes = tuple(sorted(set(ngram_sizes), reverse=True))
+        self.tokens: list[int] = []
+        # per size: n-gram -> position just after its latest occurrence that has a follower
+        self._follower: dict[int, dict[tuple[int, ...], int]] = {n: {} for n in self.ngram_sizes}
+
+    def extend(self, tokens: Sequence[int]) -> None:
+        for token in tokens:
+            end = len(self.tokens)      # the n-grams ending here now have a follower: `token`
+            for n, index in self._follower.items():
+                if end >= n:
+                    index[tuple(self.tokens[end - n:end])] = end
+            self.tokens.append(token)
+
+    def sync(self, tokens: Sequence[int]) -> None:
+        """Catch up with `tokens` (which extend what was seen); rebuild if they do not."""
+        seen = len(self.tokens)
+        if len(tokens) < seen or tokens[seen - 1:seen] != self.tokens[seen - 1:seen]:
+            self.tokens = []
+            self._follower = {n: {} for n in self.ngram_sizes}
+            seen = 0
+        self.extend(tokens[seen:])
+
+    def propose(self, k: int) -> list[int]:
+        """Up to `k` draft tokens continuing the current tokens; empty when no n-gram matches."""
+        tokens = self.tokens
+        if k <= 0:
+            return []
+        for n in self.ngram_sizes:
+            if len(tokens) <= n:
+                continue
+            start = self._follower[n].get(tuple(tokens[-n:]))
+            if start is not None:
+                return tokens[start:start + k]
+        return []
+
+
+@dataclass(frozen=True)
+class DepthSettings:
+    max_depth: int = 8              # the deepest auto draft
+    ema_weight: float = 0.3         # weight of the newest step's acceptance ratio
+    initial_acceptance: float = 0.5
+    collapse_below: float = 0.1     # acceptance EMA under which auto stops drafting ...
+    probe_every: int = 16           # ... except a probe every this many decode steps
+    probe_depth: int = 2
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.max_depth <= MAX_SPECULATION_DEPTH:
+            raise ValueError(f"max_depth must be in [1, {MAX_SPECULATION_DEPTH}]")
+
+
+class DepthController:
+    """One request's draft depth: fixed, or auto from its acceptance EMA and the engine's load."""
+
+    def __init__(self, fixed_depth: int | None, settings: DepthSettings = DepthSettings()) -> None:
+        self.fixed_depth = fixed_depth
+        self.settings = settings
+        self.acceptance = settings.initial_acceptance
+        self._decode_steps = 0
+
+    @property
+    def collapsed(self) -> bool:
+        return self.fixed_depth is None and self.acceptance < self.settings.collapse_below
+
+    def depth(self, load: float = 0.0, share: int = MAX_SPECULATION_DEPTH) -> int:
+        """Draft depth for the next step. `load`: share of the last step's token budget that
+        non-draft work took (0..1); `share`: this request's part of the engine's draft budget."""
+        if self.fixed_depth is not None:
+            return self.fixed_depth
+        s = self.settings
+        self._decode_steps += 1
+        if self.collapsed:
+            return min(s.probe_depth, share) if self._decode_steps % s.probe_every == 0 else 0
+        wanted = round(s.max_depth * self.acceptance * (1.0 - min(load, 0.9)))
+        return max(1, min(wanted, share, s.max_depth))
+
+    def observe(self, drafted: int, accepted: int) -> None:
+        if drafted > 0:
+            w = self.settings.ema_weight
+            self.acceptance = (1 - w) * self.acceptance + w * accepted / drafted
+
+
+def verify(draft: Sequence[int], sample_row: Callable[[int], int]) -> list[int]:
+    """The tokens a verification step emits: the model's token at each position (`sample_row(i)`
+    for logits row i, drawn in order), while it equals the draft; the first mismatch, or the
+    token after a fully accepted draft, ends it. `len(result) - 1` drafts were accepted."""
+    emitted = []
+    for i in range(len(draft) + 1):
+        token = sample_row(i)
+        emitted.append(token)
+        if i == len(draft) or token != draft[i]:
+            break
+    return emitted
+
+
+class RequestSpeculation:
+    """What one request keeps between steps: its n-gram index and its depth controller."""
+
+    def __init__(self, fixed_depth: int | None, settings: DepthSettings = DepthSettings(),
+                 ngram_sizes: Sequence[int] = DEFAULT_NGRAM_SIZES) -> None:
+        self.proposer = NgramProposer(ngram_sizes)
+        self.controller = DepthController(fixed_depth, settings)
+
+    def draft(self, tokens: Sequence[int], max_tokens: int, load: float, share: int) -> list[int]:
+        """A draft of at most `max_tokens` tokens continuing `tokens` (empty: decode normally)."""
+        depth = min(self.controller.depth(load, share), max_tokens)
+        if depth <= 0:
+            return []
+        self.proposer.sync(tokens)
+        return self.proposer.propose(depth)
