@@ -143,7 +143,7 @@ class Engine:
         self._events: list[EngineEvent] = []
         self.last_step_tokens = 0     # tokens the last step computed, drafts included (0: nothing could run)
         self.last_step_draft_tokens = 0
-        self.last_step_depths: list[int] = []   # draft depths proposed in the last step (for metrics)
+        self.last_step_depths: list[int] = []   # draft depths verified in the last step (for metrics)
 
     # --- caller input ---------------------------------------------------------------
     def open(self, request_id: str, segments: Sequence[Segment], sampling: SamplingParams,
@@ -255,7 +255,8 @@ class Engine:
         if out.chunks:
             self._run(out)
         self.last_step_tokens = out.num_tokens
-        self.last_step_draft_tokens = sum(len(chunk.draft) for chunk in out.chunks)
+        self.last_step_depths = [len(chunk.draft) for chunk in out.chunks if chunk.draft]
+        self.last_step_draft_tokens = sum(self.last_step_depths)
         self.counters.steps += 1
         events, self._events = self._events, []
         return events
@@ -332,7 +333,6 @@ class Engine:
         `draft_budget` and shrink when prefill took the last step's budget (speculation.py)."""
         decoding = [self.requests[rid] for rid in self._speculation]
         decoding = [r for r in decoding if r.is_decoding and r.num_pending_tokens == 1 and not r.is_finished]
-        self.last_step_depths = []
         if not decoding:
             return {}
         num_auto = sum(1 for r in decoding if self._speculation[r.request_id].controller.fixed_depth is None)
@@ -345,7 +345,6 @@ class Engine:
             draft = self._speculation[request.request_id].draft(request.token_ids, room, load, share)
             if draft:
                 drafts[request.request_id] = draft
-                self.last_step_depths.append(len(draft))
         return drafts
 
     def _accept_token(self, request: Request, token: int) -> None:
