@@ -27,7 +27,7 @@ DOCS = [
 ]
 OTHER = Segment(key="dicts", text="A dict maps keys to values; get() returns a default for a missing key.\n")
 SUFFIX = [Segment(text="Quote the document.<|im_end|>\n<|im_start|>assistant\n")]
-MAX_TOKENS = 40
+MAX_TOKENS = 24
 MODES = ["off", "2", "8", "auto"]
 
 
