@@ -24,6 +24,7 @@ writes `{"rows": [{"workload", "concurrency", "mode", "tokens_per_s", "itl_p50_m
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import random
 import re
@@ -137,7 +138,7 @@ def run_once(engine, prompts: list[Prompt], mode: str, max_tokens: int, tag: str
     end = time.perf_counter()
     decode_start = decode_start or end
     decode_tokens = sum(sum(1 for t in times if t > decode_start) for times in token_times.values())
-    itls = [(b - a) * 1e3 for times in token_times.values() for a, b in zip(times, times[1:], strict=False)]
+    itls = [(b - a) * 1e3 for times in token_times.values() for a, b in itertools.pairwise(times)]
     drafted = engine.counters.draft_tokens - drafted0
     accepted = engine.counters.accepted_draft_tokens - accepted0
     answer_s = [times[-1] - opened for times in token_times.values() if times]

