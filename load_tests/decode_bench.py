@@ -164,9 +164,9 @@ def _combine(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
             row[f"{key}_min"], row[f"{key}_max"] = min(values), max(values)
         rows.append(row)
     for row in rows:
-        off = next(r for r in rows if r["workload"] == row["workload"] and r["concurrency"] == row["concurrency"]
-                   and r["mode"] == "off")
-        row["speedup_vs_off"] = row["tokens_per_s"] / off["tokens_per_s"]
+        off = next((r for r in rows if r["workload"] == row["workload"] and r["concurrency"] == row["concurrency"]
+                    and r["mode"] == "off"), None)
+        row["speedup_vs_off"] = row["tokens_per_s"] / off["tokens_per_s"] if off else None
     return rows
 
 
@@ -177,7 +177,8 @@ def format_table(rows: list[dict[str, Any]]) -> str:
     for r in rows:
         lines.append(
             f"| {r['workload']} | {r['concurrency']} | {r['mode']} | {r['tokens_per_s']:.1f} "
-            f"({r['tokens_per_s_min']:.1f}-{r['tokens_per_s_max']:.1f}) | {r['speedup_vs_off']:.2f}x "
+            f"({r['tokens_per_s_min']:.1f}-{r['tokens_per_s_max']:.1f}) | "
+            f"{'-' if r['speedup_vs_off'] is None else format(r['speedup_vs_off'], '.2f') + 'x'} "
             f"| {r['itl_p50_ms']:.0f} | {r['itl_p95_ms']:.0f} | {r['acceptance']:.2f} | {r['answer_tokens']:.0f} "
             f"| {r['answer_s']:.2f} |")
     return "\n".join(lines)
@@ -230,6 +231,8 @@ def run_bench_decode(args: argparse.Namespace) -> int:
                     _say(f"seed {seed} {workload} c={concurrency} {mode:>4}: {result['tokens_per_s']:6.1f} tok/s "
                          f"acceptance {result['acceptance']:.2f} answer {result['answer_tokens']:.0f} tokens "
                          f"({time.perf_counter() - started:.1f}s)")
+                    if args.json:   # after every run, so an interrupted benchmark keeps what it measured
+                        args.json.write_text(json.dumps({"rows": _combine(runs), "runs": runs}, indent=2))
     rows = _combine(runs)
     print(format_table(rows))
     if args.json:
