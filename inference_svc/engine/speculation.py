@@ -18,14 +18,16 @@ prompt. Per decoding request, each step:
    longer needed).
 
 `DepthController` chooses k per request in auto mode (after SpecuStream, streamserve-paper
-section 3.5): an EMA of the request's acceptance ratio scales the depth, the engine's load
-lowers it (prefill's share of the last step, and an engine-wide draft token budget shared by
-the decoding requests), and when acceptance collapses the depth drops to zero with a short
-probe every few steps so that a request that starts quoting again recovers.
+section 3.5): the request's recent acceptance (EMAs) sets how deep a draft pays off, the
+engine's load lowers it (prefill's share of the last step makes verified tokens dearer, and an
+engine-wide draft token budget is shared by the decoding requests), and when acceptance
+collapses the depth drops to zero with a short probe every few steps so that a request that
+starts quoting again recovers.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -83,29 +85,56 @@ class NgramProposer:
 @dataclass(frozen=True)
 class DepthSettings:
     max_depth: int = 8              # the deepest auto draft
-    ema_weight: float = 0.3         # weight of the newest step's acceptance ratio
-    initial_acceptance: float = 0.5
-    collapse_below: float = 0.1     # acceptance EMA under which auto stops drafting ...
-    probe_every: int = 16           # ... except a probe every this many decode steps
+    # What verifying one more draft token costs, as a share of a decode step's time (fp32 SmolLM2-135M
+    # on 2 CPU cores, one request). A draft token is worth it while the chance that it is accepted
+    # (p ** i for the i-th, p the per-token acceptance) exceeds this share.
+    cost_ratio: float = 0.25
+    ema_weight: float = 0.3         # weight of the newest verification in the acceptance EMAs
+    probe_every: int = 16           # while no depth pays (acceptance collapsed): a probe every this many steps
     probe_depth: int = 2
 
     def __post_init__(self) -> None:
         if not 1 <= self.max_depth <= MAX_SPECULATION_DEPTH:
             raise ValueError(f"max_depth must be in [1, {MAX_SPECULATION_DEPTH}]")
+        if not 0 < self.cost_ratio < 1:
+            raise ValueError("cost_ratio must be in (0, 1)")
 
 
 class DepthController:
-    """One request's draft depth: fixed, or auto from its acceptance EMA and the engine's load."""
+    """One request's draft depth: fixed, or auto from its acceptance and the engine's load.
+
+    Auto estimates p, the chance that the next draft token is accepted given the ones before it
+    were, as EMA(accepted) / (EMA(accepted) + EMA(rejected)) over its verifications (a draft
+    either is accepted whole or ends at one rejected token). The i-th draft token is accepted with
+    chance p ** i, so the depth is the largest k with p ** k above the cost of a verified token;
+    load makes tokens dearer: the cost ratio rises towards 1 as non-draft work fills the step's
+    budget. Depth 0 (acceptance collapsed) still probes every `probe_every` steps.
+    """
 
     def __init__(self, fixed_depth: int | None, settings: DepthSettings = DepthSettings()) -> None:
         self.fixed_depth = fixed_depth
         self.settings = settings
-        self.acceptance = settings.initial_acceptance
+        self._accepted = 1.0      # EMAs of accepted tokens and of rejections per verification:
+        self._rejected = 1.0      # the prior p is 0.5
         self._decode_steps = 0
 
     @property
+    def acceptance(self) -> float:
+        """The estimated per-token acceptance p."""
+        return self._accepted / (self._accepted + self._rejected)
+
+    def auto_depth(self, load: float = 0.0) -> int:
+        """The depth that pays at this acceptance and load (0: none does)."""
+        s = self.settings
+        cost = s.cost_ratio + (1.0 - s.cost_ratio) * min(max(load, 0.0), 0.9)
+        p = min(self.acceptance, 0.99)
+        if p <= cost:
+            return 0
+        return min(s.max_depth, int(math.log(cost) / math.log(p)))
+
+    @property
     def collapsed(self) -> bool:
-        return self.fixed_depth is None and self.acceptance < self.settings.collapse_below
+        return self.fixed_depth is None and self.auto_depth() == 0
 
     def depth(self, load: float = 0.0, share: int = MAX_SPECULATION_DEPTH) -> int:
         """Draft depth for the next step. `load`: share of the last step's token budget that
@@ -114,15 +143,16 @@ class DepthController:
             return self.fixed_depth
         s = self.settings
         self._decode_steps += 1
-        if self.collapsed:
-            return min(s.probe_depth, share) if self._decode_steps % s.probe_every == 0 else 0
-        wanted = round(s.max_depth * self.acceptance * (1.0 - min(load, 0.9)))
-        return max(1, min(wanted, share, s.max_depth))
+        depth = self.auto_depth(load)
+        if depth == 0 and self._decode_steps % s.probe_every == 0:
+            depth = s.probe_depth
+        return min(depth, share)
 
     def observe(self, drafted: int, accepted: int) -> None:
         if drafted > 0:
             w = self.settings.ema_weight
-            self.acceptance = (1 - w) * self.acceptance + w * accepted / drafted
+            self._accepted = (1 - w) * self._accepted + w * accepted
+            self._rejected = (1 - w) * self._rejected + w * (accepted < drafted)
 
 
 def verify(draft: Sequence[int], sample_row: Callable[[int], int]) -> list[int]:

@@ -59,21 +59,27 @@ def test_verify_accepts_while_the_model_agrees():
 
 
 def test_auto_depth_follows_acceptance_and_load_and_probes_after_a_collapse():
-    settings = DepthSettings(max_depth=8, probe_every=4, probe_depth=2)
+    settings = DepthSettings(max_depth=8, cost_ratio=0.25, probe_every=4, probe_depth=2)
     fixed = DepthController(3, settings)
     assert [fixed.depth(load=0.95) for _ in range(3)] == [3, 3, 3]
     auto = DepthController(None, settings)
-    for _ in range(10):
-        auto.observe(4, 4)
+    assert auto.depth() == 2                           # prior p = 0.5: 0.5 ** 2 >= 0.25 > 0.5 ** 3
+    for _ in range(20):
+        auto.observe(8, 8)                             # every draft accepted whole
+    assert auto.acceptance > 0.95
     assert auto.depth(load=0.0) == 8
     assert auto.depth(load=0.0, share=3) == 3          # its share of the draft budget
-    assert 1 <= auto.depth(load=0.8) <= 2              # prefill took most of the last step
-    for _ in range(15):
-        auto.observe(4, 0)
+    for _ in range(20):
+        auto.observe(5, 4)                             # 4 accepted, then a rejection: p -> 0.8
+    assert abs(auto.acceptance - 0.8) < 0.01
+    assert auto.depth(load=0.0) == 6                   # 0.8 ** 6 > 0.25 > 0.8 ** 7
+    assert auto.depth(load=0.4) == 2                   # prefill took 40% of the last step: dearer tokens
+    for _ in range(20):
+        auto.observe(4, 0)                             # every draft rejected at once
     assert auto.collapsed
     depths = [auto.depth() for _ in range(8)]
     assert depths.count(0) == 6 and depths.count(2) == 2       # a probe every 4th step
-    for _ in range(3):
+    for _ in range(4):
         auto.observe(2, 2)                             # the probes succeed: it recovers
     assert not auto.collapsed and auto.depth() >= 1
 
