@@ -85,9 +85,11 @@ class NgramProposer:
 @dataclass(frozen=True)
 class DepthSettings:
     max_depth: int = 8              # the deepest auto draft
-    # What verifying one more draft token costs, as a share of a decode step's time (fp32 SmolLM2-135M
-    # on 2 CPU cores, one request). A draft token is worth it while the chance that it is accepted
-    # (p ** i for the i-th, p the per-token acceptance) exceeds this share.
+    # What verifying one more draft token costs, as a share of a decode step's time. A draft token
+    # is worth it while the chance that it is accepted (p ** i for the i-th, p the per-token
+    # acceptance) exceeds this share. 0.25 is an estimate for fp32 SmolLM2-135M on 2 CPU cores
+    # (a step reads all weights; each extra token adds its share of compute), not yet measured:
+    # see the decode benchmark in docs/benchmarks.md.
     cost_ratio: float = 0.25
     ema_weight: float = 0.3         # weight of the newest verification in the acceptance EMAs
     probe_every: int = 16           # while no depth pays (acceptance collapsed): a probe every this many steps
