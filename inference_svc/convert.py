@@ -12,6 +12,7 @@ import math
 
 from inference_svc.engine.engine import PromptTooLongError
 from inference_svc.engine.events import EngineEvent, EventKind
+from inference_svc.engine.options import DEFAULT_SPECULATION
 from inference_svc.engine.request import FinishReason, Segment
 from inference_svc.engine.sampler import SamplingParams
 from inference_svc.engine_thread import RequestSummary
@@ -59,7 +60,8 @@ def segments_from_proto(segments) -> list[Segment]:
 
 
 def sampling_from_proto(params: common_pb2.SamplingParams, has_field: bool) -> SamplingParams:
-    """Proto zero values mean 'server default' (top_p 0 -> 1.0, max_tokens 0 -> 256)."""
+    """Proto zero values mean 'server default' (top_p 0 -> 1.0, max_tokens 0 -> 256, speculation "" ->
+    DEFAULT_SPECULATION)."""
     if not has_field:
         return SamplingParams(max_tokens=DEFAULT_MAX_TOKENS)
     if not math.isfinite(params.temperature) or not math.isfinite(params.top_p):
@@ -73,6 +75,7 @@ def sampling_from_proto(params: common_pb2.SamplingParams, has_field: bool) -> S
         stop_token_ids=tuple(params.stop_token_ids),
         ignore_eos=params.ignore_eos,
         stop=tuple(params.stop),
+        speculation=params.speculation or DEFAULT_SPECULATION,
     )
     try:
         return sampling.validate()
@@ -133,6 +136,8 @@ def done_to_proto(summary: RequestSummary, text: str) -> inference_pb2.Inference
         prefix_cache_hit_tokens=s.prefix_cache_hit_tokens,
         num_appends=s.num_appends,
         num_updates=s.num_updates,
+        draft_tokens=s.draft_tokens,
+        accepted_draft_tokens=s.accepted_draft_tokens,
     )
     return inference_pb2.InferenceEvent(done=inference_pb2.InferenceDone(
         finish_reason=FINISH_REASONS[summary.finish_reason], stats=stats, text=text,

@@ -27,12 +27,25 @@ class InferenceMetrics:
         self.prefix_hits = Gauge("streamrag_prefix_cache_hit_tokens", "Prompt tokens served from the prefix cache",
                                  registry=r)
         self.generated = Counter("streamrag_generated_tokens", "Generated tokens", registry=r)
+        self.draft_tokens = Counter("streamrag_draft_tokens", "Speculative decoding: drafted tokens verified",
+                                    registry=r)
+        self.accepted_draft_tokens = Counter("streamrag_accepted_draft_tokens",
+                                             "Speculative decoding: drafted tokens accepted", registry=r)
+        self.draft_acceptance = Gauge("streamrag_draft_acceptance",
+                                      "Speculative decoding: accepted / drafted tokens since the service started",
+                                      registry=r)
+        self.draft_depth = Histogram("streamrag_draft_depth", "Speculative decoding: draft depth per request and step",
+                                     buckets=(1, 2, 3, 4, 6, 8, 12, 16), registry=r)
+        self._drafts_seen = (0, 0)
         self.rpc_errors = Counter("streamrag_rpc_errors", "RPCs ended with an error status", ["code"], registry=r)
 
     def observe(self, engine: Engine, seconds: float | None, events: list[EngineEvent]) -> None:
         """Called on the engine thread after each step (seconds) and after commands (None)."""
         if seconds is not None:
             self.step_latency.observe(seconds)
+            for depth in engine.last_step_depths:
+                self.draft_depth.observe(depth)
+        self._observe_drafts(engine.counters.draft_tokens, engine.counters.accepted_draft_tokens)
         for event in events:
             if event.kind is EventKind.PREEMPTED_SWAP:
                 self.preemptions.labels("swap").inc()
@@ -52,3 +65,11 @@ class InferenceMetrics:
             self.kv_blocks.labels(pool.name, "total").set(pool.num_blocks)
             self.kv_blocks.labels(pool.name, "free").set(pool.num_free)
         self.prefix_hits.set(engine.counters.prefix_cache_hit_tokens)
+
+    def _observe_drafts(self, drafted: int, accepted: int) -> None:
+        seen_drafted, seen_accepted = self._drafts_seen
+        if drafted > seen_drafted:
+            self.draft_tokens.inc(drafted - seen_drafted)
+            self.accepted_draft_tokens.inc(accepted - seen_accepted)
+            self.draft_acceptance.set(accepted / drafted)
+            self._drafts_seen = (drafted, accepted)

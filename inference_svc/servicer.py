@@ -344,5 +344,6 @@ class InferenceServicer(StreamServicerBase):
                 requests_aborted=c.requests_aborted, prompt_tokens_computed=c.prompt_tokens_computed,
                 generated_tokens=c.generated_tokens, tokens_invalidated=c.tokens_invalidated,
                 preemptions_swap=c.preemptions_swap, preemptions_recompute=c.preemptions_recompute,
-                prefix_cache_hit_tokens=c.prefix_cache_hit_tokens, steps=c.steps),
+                prefix_cache_hit_tokens=c.prefix_cache_hit_tokens, steps=c.steps,
+                draft_tokens=c.draft_tokens, accepted_draft_tokens=c.accepted_draft_tokens),
         )

@@ -64,7 +64,7 @@ class TokenIds(_message.Message):
     def __init__(self, ids: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class SamplingParams(_message.Message):
-    __slots__ = ("temperature", "top_p", "top_k", "max_tokens", "seed", "stop", "stop_token_ids", "ignore_eos")
+    __slots__ = ("temperature", "top_p", "top_k", "max_tokens", "seed", "stop", "stop_token_ids", "ignore_eos", "speculation")
     TEMPERATURE_FIELD_NUMBER: _ClassVar[int]
     TOP_P_FIELD_NUMBER: _ClassVar[int]
     TOP_K_FIELD_NUMBER: _ClassVar[int]
@@ -73,6 +73,7 @@ class SamplingParams(_message.Message):
     STOP_FIELD_NUMBER: _ClassVar[int]
     STOP_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     IGNORE_EOS_FIELD_NUMBER: _ClassVar[int]
+    SPECULATION_FIELD_NUMBER: _ClassVar[int]
     temperature: float
     top_p: float
     top_k: int
@@ -81,7 +82,8 @@ class SamplingParams(_message.Message):
     stop: _containers.RepeatedScalarFieldContainer[str]
     stop_token_ids: _containers.RepeatedScalarFieldContainer[int]
     ignore_eos: bool
-    def __init__(self, temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., top_k: _Optional[int] = ..., max_tokens: _Optional[int] = ..., seed: _Optional[int] = ..., stop: _Optional[_Iterable[str]] = ..., stop_token_ids: _Optional[_Iterable[int]] = ..., ignore_eos: _Optional[bool] = ...) -> None: ...
+    speculation: str
+    def __init__(self, temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., top_k: _Optional[int] = ..., max_tokens: _Optional[int] = ..., seed: _Optional[int] = ..., stop: _Optional[_Iterable[str]] = ..., stop_token_ids: _Optional[_Iterable[int]] = ..., ignore_eos: _Optional[bool] = ..., speculation: _Optional[str] = ...) -> None: ...
 
 class LifecycleEvent(_message.Message):
     __slots__ = ("kind", "monotonic_s", "unix_ms", "detail", "count")
@@ -108,7 +110,7 @@ class GeneratedToken(_message.Message):
     def __init__(self, id: _Optional[int] = ..., text: _Optional[str] = ..., index: _Optional[int] = ...) -> None: ...
 
 class RequestStats(_message.Message):
-    __slots__ = ("ttft_from_open_s", "ttft_from_last_chunk_s", "prompt_tokens", "tokens_computed", "tokens_invalidated", "preemptions_swap", "preemptions_recompute", "time_queued_s", "generated_tokens", "prefix_cache_hit_tokens", "num_appends", "num_updates", "e2e_s", "decode_s")
+    __slots__ = ("ttft_from_open_s", "ttft_from_last_chunk_s", "prompt_tokens", "tokens_computed", "tokens_invalidated", "preemptions_swap", "preemptions_recompute", "time_queued_s", "generated_tokens", "prefix_cache_hit_tokens", "num_appends", "num_updates", "e2e_s", "decode_s", "draft_tokens", "accepted_draft_tokens")
     TTFT_FROM_OPEN_S_FIELD_NUMBER: _ClassVar[int]
     TTFT_FROM_LAST_CHUNK_S_FIELD_NUMBER: _ClassVar[int]
     PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
@@ -123,6 +125,8 @@ class RequestStats(_message.Message):
     NUM_UPDATES_FIELD_NUMBER: _ClassVar[int]
     E2E_S_FIELD_NUMBER: _ClassVar[int]
     DECODE_S_FIELD_NUMBER: _ClassVar[int]
+    DRAFT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    ACCEPTED_DRAFT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     ttft_from_open_s: float
     ttft_from_last_chunk_s: float
     prompt_tokens: int
@@ -137,7 +141,9 @@ class RequestStats(_message.Message):
     num_updates: int
     e2e_s: float
     decode_s: float
-    def __init__(self, ttft_from_open_s: _Optional[float] = ..., ttft_from_last_chunk_s: _Optional[float] = ..., prompt_tokens: _Optional[int] = ..., tokens_computed: _Optional[int] = ..., tokens_invalidated: _Optional[int] = ..., preemptions_swap: _Optional[int] = ..., preemptions_recompute: _Optional[int] = ..., time_queued_s: _Optional[float] = ..., generated_tokens: _Optional[int] = ..., prefix_cache_hit_tokens: _Optional[int] = ..., num_appends: _Optional[int] = ..., num_updates: _Optional[int] = ..., e2e_s: _Optional[float] = ..., decode_s: _Optional[float] = ...) -> None: ...
+    draft_tokens: int
+    accepted_draft_tokens: int
+    def __init__(self, ttft_from_open_s: _Optional[float] = ..., ttft_from_last_chunk_s: _Optional[float] = ..., prompt_tokens: _Optional[int] = ..., tokens_computed: _Optional[int] = ..., tokens_invalidated: _Optional[int] = ..., preemptions_swap: _Optional[int] = ..., preemptions_recompute: _Optional[int] = ..., time_queued_s: _Optional[float] = ..., generated_tokens: _Optional[int] = ..., prefix_cache_hit_tokens: _Optional[int] = ..., num_appends: _Optional[int] = ..., num_updates: _Optional[int] = ..., e2e_s: _Optional[float] = ..., decode_s: _Optional[float] = ..., draft_tokens: _Optional[int] = ..., accepted_draft_tokens: _Optional[int] = ...) -> None: ...
 
 class Document(_message.Message):
     __slots__ = ("id", "title", "url", "text", "score", "source", "stability")

@@ -15,6 +15,7 @@ import time
 
 import grpc
 
+from inference_svc.engine.options import DEFAULT_SPECULATION, MAX_SPECULATION_DEPTH, speculation_arg
 from protos import common_pb2, orchestrator_pb2, orchestrator_pb2_grpc
 
 DEFAULT_ORCHESTRATOR = "127.0.0.1:50051"
@@ -29,6 +30,9 @@ def add_ask_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--retriever", choices=list(CHOICES), default="anns")
     parser.add_argument("--no-stream", action="store_true", help="the baseline: prompt sent once retrieval ends")
     parser.add_argument("--max-tokens", type=int, default=128)
+    parser.add_argument("--speculation", type=speculation_arg, default=DEFAULT_SPECULATION,
+                        help="speculative decoding drafted from the retrieved context: off, auto or a fixed depth "
+                             f"0..{MAX_SPECULATION_DEPTH} (default {DEFAULT_SPECULATION})")
     parser.add_argument("--top-k", type=int, default=0)
     parser.add_argument("--deadline-ms", type=int, default=0, help="retrieval deadline")
     parser.add_argument("--json", action="store_true", help="print one JSON object at the end instead")
@@ -96,7 +100,8 @@ class StatusLine:
 def run_ask(args: argparse.Namespace) -> int:
     request = orchestrator_pb2.AskRequest(question=args.question, retriever=CHOICES[args.retriever],
                                           no_stream=args.no_stream, max_tokens=args.max_tokens, top_k=args.top_k,
-                                          retrieval_deadline_ms=args.deadline_ms)
+                                          retrieval_deadline_ms=args.deadline_ms,
+                                          sampling=common_pb2.SamplingParams(speculation=args.speculation))
     status = StatusLine(not args.json)
     started = time.monotonic()
     answer_started = False

@@ -148,6 +148,11 @@ def build_parser() -> argparse.ArgumentParser:
     engine.add_argument("--repeats", type=int, default=3)
     engine.add_argument("--json", type=Path, default=None, help="write the results here")
     engine.set_defaults(handler=lazy("inference_svc.engine.engine_bench:run_engine_bench"))
+    decode = bench_cmds.add_parser("decode", help="decode tokens/s with speculative decoding off, fixed depths, auto")
+    from load_tests.decode_bench import add_bench_decode_args
+
+    add_bench_decode_args(decode)
+    decode.set_defaults(handler=lazy("load_tests.decode_bench:run_bench_decode"))
     retrieval = bench_cmds.add_parser("retrieval", help="ANNS stage latency and recall against exact search")
     from retriever_svc.retrieval_bench import add_bench_retrieval_args
 

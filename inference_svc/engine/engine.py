@@ -28,6 +28,7 @@ from inference_svc.engine.kv_manager import KVCacheManager
 from inference_svc.engine.model_runner import ChunkInput
 from inference_svc.engine.options import (
     DEFAULT_BLOCK_SIZE,
+    DEFAULT_DRAFT_BUDGET,
     DEFAULT_EVICTION,
     DEFAULT_MAX_RUNNING,
     DEFAULT_POLICY,
@@ -39,7 +40,15 @@ from inference_svc.engine.output_text import OutputText
 from inference_svc.engine.policies import make_policy
 from inference_svc.engine.request import FinishReason, Request, RequestState, Segment
 from inference_svc.engine.sampler import Sampler, SamplingParams, make_generator
-from inference_svc.engine.scheduler import BlockMove, PreemptionKind, Scheduler, SchedulerConfig, SchedulerOutput
+from inference_svc.engine.scheduler import (
+    BlockMove,
+    PreemptionKind,
+    ScheduledChunk,
+    Scheduler,
+    SchedulerConfig,
+    SchedulerOutput,
+)
+from inference_svc.engine.speculation import DEFAULT_NGRAM_SIZES, DepthSettings, RequestSpeculation, verify
 from inference_svc.engine.tokenization import SegmentTokenizer
 
 
@@ -86,6 +95,11 @@ class EngineConfig:
     speculative_reserve_share: float = DEFAULT_SPECULATIVE_RESERVE_SHARE
     enable_prefix_cache: bool = True
     max_model_len: int | None = None   # default: the model's max positions
+    # speculative decoding (speculation.py): draft tokens per step that auto-depth requests share,
+    # the n-gram sizes drafts are looked up with, and the auto depth's settings
+    draft_budget: int = DEFAULT_DRAFT_BUDGET
+    draft_ngram_sizes: tuple[int, ...] = DEFAULT_NGRAM_SIZES
+    depth_settings: DepthSettings = field(default_factory=DepthSettings)
 
 
 @dataclass
@@ -100,6 +114,8 @@ class EngineCounters:
     preemptions_recompute: int = 0
     prefix_cache_hit_tokens: int = 0
     steps: int = 0
+    draft_tokens: int = 0               # drafted tokens verified
+    accepted_draft_tokens: int = 0      # drafted tokens accepted (emitted)
 
 
 class Engine:
@@ -123,8 +139,11 @@ class Engine:
         self.requests = self.scheduler.requests     # the one registry, owned by the scheduler
         self._generators: dict[str, torch.Generator | None] = {}
         self._outputs: dict[str, OutputText] = {}
+        self._speculation: dict[str, RequestSpeculation] = {}
         self._events: list[EngineEvent] = []
-        self.last_step_tokens = 0     # tokens the last step computed (0: nothing could run)
+        self.last_step_tokens = 0     # tokens the last step computed, drafts included (0: nothing could run)
+        self.last_step_draft_tokens = 0
+        self.last_step_depths: list[int] = []   # draft depths verified in the last step (for metrics)
 
     # --- caller input ---------------------------------------------------------------
     def open(self, request_id: str, segments: Sequence[Segment], sampling: SamplingParams,
@@ -144,6 +163,9 @@ class Engine:
         self.scheduler.add(request)
         self._generators[request_id] = make_generator(sampling, self.runner.device)
         self._outputs[request_id] = OutputText(self.tokenizer.decode, sampling.stop)
+        if sampling.speculation_depth != 0:
+            self._speculation[request_id] = RequestSpeculation(sampling.speculation_depth, self.config.depth_settings,
+                                                               self.config.draft_ngram_sizes)
         self.counters.requests_received += 1
         self._emit(request, EventKind.QUEUED)
         return request
@@ -222,7 +244,7 @@ class Engine:
 
     def step(self) -> list[EngineEvent]:
         """Schedule, move KV, run one forward pass, sample; returns the events since the last step."""
-        out = self.scheduler.schedule()
+        out = self.scheduler.schedule(self._propose_drafts())
         self._note_scheduling(out)
         if out.block_moves:
             started = time.perf_counter()
@@ -233,6 +255,8 @@ class Engine:
         if out.chunks:
             self._run(out)
         self.last_step_tokens = out.num_tokens
+        self.last_step_depths = [len(chunk.draft) for chunk in out.chunks if chunk.draft]
+        self.last_step_draft_tokens = sum(self.last_step_depths)
         self.counters.steps += 1
         events, self._events = self._events, []
         return events
@@ -241,26 +265,87 @@ class Engine:
         inputs = []
         for chunk in out.chunks:
             request = chunk.request
-            tokens = request.token_ids[chunk.start:chunk.start + chunk.num_tokens]
-            inputs.append(ChunkInput(tokens, chunk.start, self.scheduler.block_table(request), chunk.wants_logits))
+            tokens = request.token_ids[chunk.start:chunk.start + chunk.num_tokens - len(chunk.draft)] + chunk.draft
+            inputs.append(ChunkInput(tokens, chunk.start, self.scheduler.block_table(request), chunk.wants_logits,
+                                     1 + len(chunk.draft)))
         started = time.perf_counter()
         logits = self.runner.execute(inputs)
         if all(not chunk.request.is_decoding for chunk in out.chunks):
             self.cost_model.observe_prefill(out.num_tokens, (time.perf_counter() - started) * 1e3)
-        sampling = [c for c in out.chunks if c.wants_logits]
-        tokens = self.sampler.sample(logits, [c.request.sampling for c in sampling],
-                                     [self._generators[c.request.request_id] for c in sampling]) if sampling else []
+        plain: list[tuple[ScheduledChunk, torch.Tensor]] = []     # one logits row each
+        verifying: list[tuple[ScheduledChunk, torch.Tensor]] = []  # a row per drafted position
+        row = 0
+        for chunk in out.chunks:
+            if chunk.wants_logits:
+                rows = 1 + len(chunk.draft)
+                (verifying if chunk.draft else plain).append((chunk, logits[row:row + rows]))
+                row += rows
+        tokens = self.sampler.sample(torch.cat([rows for _, rows in plain]),
+                                     [c.request.sampling for c, _ in plain],
+                                     [self._generators[c.request.request_id] for c, _ in plain]) if plain else []
+        emitted = {id(chunk): [token] for (chunk, _), token in zip(plain, tokens, strict=True)}
+        for chunk, rows in verifying:
+            emitted[id(chunk)] = self._verify(chunk, rows)
         for chunk in out.chunks:
             request = chunk.request
-            request.num_computed_tokens += chunk.num_tokens
-            request.stats.tokens_computed += chunk.num_tokens
+            computed = chunk.num_tokens - len(chunk.draft)
+            if chunk.draft:
+                computed += len(emitted[id(chunk)]) - 1      # the accepted drafts' KV stays
+            request.num_computed_tokens += computed
+            request.stats.tokens_computed += computed
             if not request.is_decoding:
-                self.counters.prompt_tokens_computed += chunk.num_tokens
-            self.scheduler.note_computed(request)
+                self.counters.prompt_tokens_computed += computed
+            if chunk.draft:
+                copies = self.scheduler.rollback(request, request.num_computed_tokens)
+                if copies:
+                    self.runner.copy_blocks(copies)
+            else:
+                self.scheduler.note_computed(request)
             if not chunk.wants_logits and request.num_pending_tokens == 0:
                 self._emit(request, EventKind.KV_ON_GPU, count=request.num_computed_tokens)
-        for chunk, token in zip(sampling, tokens, strict=True):
-            self._accept_token(chunk.request, token)
+        for chunk in out.chunks:
+            for token in emitted.get(id(chunk), ()):
+                if chunk.request.is_finished:
+                    break
+                self._accept_token(chunk.request, token)
+            if chunk.draft and not chunk.request.is_finished:
+                self.scheduler.note_computed(chunk.request)   # now that the accepted tokens are its tokens
+
+    def _verify(self, chunk: ScheduledChunk, rows: torch.Tensor) -> list[int]:
+        """The tokens a draft's verification emits (speculation.verify), and its acceptance noted."""
+        request = chunk.request
+        if request.sampling.greedy:
+            choices = rows.argmax(dim=-1).tolist()
+            emitted = verify(chunk.draft, choices.__getitem__)
+        else:
+            params, generator = [request.sampling], [self._generators[request.request_id]]
+            emitted = verify(chunk.draft, lambda i: self.sampler.sample(rows[i:i + 1], params, generator)[0])
+        accepted = len(emitted) - 1
+        self._speculation[request.request_id].controller.observe(len(chunk.draft), accepted)
+        request.stats.draft_tokens += len(chunk.draft)
+        request.stats.accepted_draft_tokens += accepted
+        self.counters.draft_tokens += len(chunk.draft)
+        self.counters.accepted_draft_tokens += accepted
+        return emitted
+
+    def _propose_drafts(self) -> dict[str, list[int]]:
+        """Draft tokens for each decoding request that speculates, by request id. Auto depths share
+        `draft_budget` and shrink when prefill took the last step's budget (speculation.py)."""
+        decoding = [self.requests[rid] for rid in self._speculation]
+        decoding = [r for r in decoding if r.is_decoding and r.num_pending_tokens == 1 and not r.is_finished]
+        if not decoding:
+            return {}
+        num_auto = sum(1 for r in decoding if self._speculation[r.request_id].controller.fixed_depth is None)
+        share = max(1, self.config.draft_budget // max(num_auto, 1))
+        load = (self.last_step_tokens - self.last_step_draft_tokens) / self.config.token_budget
+        drafts = {}
+        for request in decoding:
+            room = min(request.sampling.max_tokens - len(request.output_token_ids),
+                       self.max_sequence_tokens - request.num_tokens) - 1
+            draft = self._speculation[request.request_id].draft(request.token_ids, room, load, share)
+            if draft:
+                drafts[request.request_id] = draft
+        return drafts
 
     def _accept_token(self, request: Request, token: int) -> None:
         first = not request.output_token_ids
@@ -358,6 +443,7 @@ class Engine:
         request.stats.finish_time = self.clock()
         self.scheduler.remove(request)
         self._generators.pop(request.request_id, None)
+        self._speculation.pop(request.request_id, None)
         output = self._outputs.pop(request.request_id, None)
         if output is not None:
             request.output_text = output.final

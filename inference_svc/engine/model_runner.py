@@ -28,6 +28,7 @@ class ChunkInput:
     start_pos: int  # absolute position of token_ids[0]; KV for [0, start_pos) is already in the cache
     block_table: Sequence[int]  # device block ids covering positions [0, start_pos + len(token_ids))
     want_logits: bool  # return next-token logits of this chunk's last token
+    num_logits: int = 1  # with want_logits: logits of this many trailing tokens (verifying a draft)
 
 
 class ModelRunner:
@@ -100,6 +101,8 @@ class ModelRunner:
                 raise ValueError(
                     f"chunk {i}: positions up to {end - 1} exceed the model's {cfg.max_position_embeddings} positions"
                 )
+            if c.want_logits and not 1 <= c.num_logits <= n:
+                raise ValueError(f"chunk {i}: num_logits {c.num_logits} not in [1, {n}]")
             if min(c.token_ids) < 0 or max(c.token_ids) >= cfg.vocab_size:
                 raise ValueError(f"chunk {i}: token id out of range [0, {cfg.vocab_size})")
             need = -(-end // bs)
@@ -115,8 +118,9 @@ class ModelRunner:
     def execute(self, chunks: Sequence[ChunkInput]) -> torch.Tensor:
         """One forward over all chunks packed together.
 
-        Returns float32 logits ``[n_want, vocab]`` on the runner's device, one row per
-        chunk with ``want_logits``, in the order of ``chunks``.
+        Returns float32 logits ``[n_want, vocab]`` on the runner's device: for each chunk with
+        ``want_logits``, in the order of ``chunks``, one row per trailing token it asks for
+        (``num_logits``, usually 1), in position order.
         """
         self._validate(chunks)
         # Single-token chunks first: attention batches them in one call.
@@ -133,7 +137,8 @@ class ModelRunner:
         )
         input_ids = torch.tensor(ids, dtype=torch.long).to(self.device)
         hidden = self.model(input_ids, positions.to(self.device), meta, self.kv_cache.layers)
-        rows = [last_row[i] for i, c in enumerate(chunks) if c.want_logits]
+        rows = [row for i, c in enumerate(chunks) if c.want_logits
+                for row in range(last_row[i] - c.num_logits + 1, last_row[i] + 1)]
         if not rows:
             return torch.empty(0, self.config.vocab_size, dtype=torch.float32, device=self.device)
         return self.model.compute_logits(hidden[torch.tensor(rows, device=self.device)])

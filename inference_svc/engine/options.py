@@ -9,6 +9,8 @@ policies in `policies.POLICIES`.
 
 from __future__ import annotations
 
+import re
+
 DTYPE_CHOICES = ("auto", "bfloat16", "float32", "float16")
 POLICY_CHOICES = ("default", "fcfs", "lcas", "mcps", "klpm")
 EVICTION_CHOICES = ("recompute", "swap", "cost")
@@ -38,5 +40,36 @@ def speculative_share_arg(text: str) -> float | None:
     if not 0 < value <= 1:
         raise ValueError("--speculative-share must be in (0, 1] or off")
     return value
+
+# Speculative decoding drafted from the request's own tokens (speculation.py): "off", "auto" (depth
+# adapted per request from its acceptance and the engine's load) or a fixed depth k in
+# [0, MAX_SPECULATION_DEPTH] ("0" is off). Chosen from the decode benchmark (docs/benchmarks.md).
+SPECULATION_MODES = ("off", "auto")
+MAX_SPECULATION_DEPTH = 16
+DEFAULT_SPECULATION = "auto"
+DEFAULT_DRAFT_BUDGET = 32           # most draft tokens per engine step that auto-depth requests share
+
+
+def parse_speculation(text: str) -> int | None:
+    """The depth a speculation setting asks for: 0 (off), a fixed k, or None (auto). Raises
+    ValueError on an unknown mode or a k outside [0, MAX_SPECULATION_DEPTH]."""
+    if text == "auto":
+        return None
+    if text == "off":
+        return 0
+    if not isinstance(text, str) or not re.fullmatch(r"-?[0-9]{1,9}", text):
+        raise ValueError(f"speculation must be off, auto or a depth 0..{MAX_SPECULATION_DEPTH}, got {text!r}")
+    depth = int(text)
+    if not 0 <= depth <= MAX_SPECULATION_DEPTH:
+        raise ValueError(f"speculation depth must be in [0, {MAX_SPECULATION_DEPTH}], got {depth}")
+    return depth
+
+
+def speculation_arg(text: str) -> str:
+    """argparse type of --speculation: checked by `parse_speculation`, kept as given."""
+    parse_speculation(text)
+    return text
+
+
 DEFAULT_KV_CPU_BLOCKS = 2048        # the swap pool
 DEFAULT_MAX_STREAMS = 256           # open StreamPrompt/Generate calls per service

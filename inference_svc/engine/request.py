@@ -68,6 +68,8 @@ class RequestStats:
     preemptions_recompute: int = 0
     num_appends: int = 0                  # append calls applied
     num_updates: int = 0                  # update calls applied
+    draft_tokens: int = 0                 # speculative decoding: drafted tokens verified ...
+    accepted_draft_tokens: int = 0        # ... and those the model agreed with (emitted as output)
 
     @property
     def ttft_from_open_s(self) -> float | None:

@@ -13,6 +13,8 @@ from dataclasses import dataclass
 
 import torch
 
+from inference_svc.engine.options import DEFAULT_SPECULATION, parse_speculation
+
 MAX_TOKENS_LIMIT = 1 << 20
 MAX_STOP_STRINGS = 16
 MAX_STOP_STRING_CHARS = 256
@@ -28,10 +30,16 @@ class SamplingParams:
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False
     stop: tuple[str, ...] = ()   # stop strings: the output ends before the first one (see output_text.py)
+    speculation: str = DEFAULT_SPECULATION   # "off", "auto" or a fixed draft depth "k" (options.parse_speculation)
 
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0
+
+    @property
+    def speculation_depth(self) -> int | None:
+        """The fixed draft depth asked for (0: off), or None for auto."""
+        return parse_speculation(self.speculation)
 
     def validate(self) -> SamplingParams:
         """Raise ``ValueError`` on out-of-range values; return ``self`` for chaining."""
@@ -53,6 +61,7 @@ class SamplingParams:
             raise ValueError(f"at most {MAX_STOP_STRINGS} stop strings, got {len(self.stop)}")
         if any(not isinstance(s, str) or not 1 <= len(s) <= MAX_STOP_STRING_CHARS for s in self.stop):
             raise ValueError(f"stop strings must be non-empty and at most {MAX_STOP_STRING_CHARS} characters")
+        parse_speculation(self.speculation)
         return self
 
 

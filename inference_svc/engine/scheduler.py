@@ -17,6 +17,10 @@ Phase 2 acquires resources for the chosen requests in rank order: swap-in, prefi
 reuse, block allocation. When allocation fails it preempts not-chosen requests lowest
 priority first, asking the cost model (or the fixed eviction mode) whether to recompute
 or swap each one. Prefill is chunked within the budget; decodes ride in the same batch.
+
+Then drafts (speculative decoding, speculation.py): a decode chunk grows by its request's draft
+tokens, in rank order, out of the token budget the step left and the free device blocks only —
+verification never displaces a prefill and never preempts anyone.
 """
 
 from __future__ import annotations
@@ -87,11 +91,12 @@ class PreemptionKind(enum.Enum):
 class ScheduledChunk:
     request: Request
     start: int
-    num_tokens: int
+    num_tokens: int                  # tokens computed this step, draft tokens included
+    draft: list[int] = field(default_factory=list)   # drafted tokens after the request's last one, to verify
 
     @property
     def reaches_end(self) -> bool:
-        return self.start + self.num_tokens == self.request.num_tokens
+        return self.start + self.num_tokens - len(self.draft) == self.request.num_tokens
 
     @property
     def wants_logits(self) -> bool:
@@ -263,7 +268,8 @@ class Scheduler:
         return budget, capacity
 
     # --- phase 2 --------------------------------------------------------------------
-    def schedule(self) -> SchedulerOutput:
+    def schedule(self, drafts: dict[str, list[int]] | None = None) -> SchedulerOutput:
+        """One step's work. `drafts`: tokens to verify after a decoding request's last token, by id."""
         now = self.clock()
         ranked = self.rank(now)
         plan = self.plan(ranked)
@@ -287,7 +293,33 @@ class Scheduler:
             # passed over if runnable (`Request.is_runnable`, inlined: this visits every request)
             if request.passed_over_since is None and request.state is not finished and request.is_runnable:
                 request.passed_over_since = now
+        if drafts:
+            self._add_drafts(out, drafts)
         return out
+
+    def _add_drafts(self, out: SchedulerOutput, drafts: dict[str, list[int]]) -> None:
+        """Grow one-token decode chunks by their drafts, within the budget left and free blocks."""
+        budget = self.config.token_budget - out.num_tokens
+        bs = self.kv.block_size
+        for chunk in out.chunks:
+            if budget <= 0:
+                return
+            draft = drafts.get(chunk.request.request_id)
+            if not draft or chunk.num_tokens != 1 or not chunk.wants_logits:
+                continue
+            rid = chunk.request.request_id
+            end = chunk.start + 1
+            fits = (self.kv.num_device_blocks(rid) + self.kv.device.num_free) * bs - end
+            n = min(len(draft), budget, fits)
+            if n <= 0 or not self.kv.allocate_slots(rid, end + n):
+                continue
+            chunk.draft = list(draft[:n])
+            chunk.num_tokens += n
+            budget -= n
+
+    def rollback(self, request: Request, valid: int) -> BlockPairs:
+        """After verification: keep KV of the first `valid` tokens, free blocks past them."""
+        return self.truncate(request, valid)
 
     def _acquire(self, request: Request, n: int, victims: Iterator[Request], out: SchedulerOutput,
                  now: float) -> ScheduledChunk | None:

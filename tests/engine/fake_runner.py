@@ -31,8 +31,10 @@ def next_token(context: Sequence[int]) -> int:
 
 class FakeRunner:
     def __init__(
-        self, num_device_blocks: int, num_cpu_blocks: int, block_size: int = 4, max_position_embeddings: int = 4096
+        self, num_device_blocks: int, num_cpu_blocks: int, block_size: int = 4, max_position_embeddings: int = 4096,
+        predict=next_token,
     ) -> None:
+        self.predict = predict     # the 'model': context token ids -> next token
         self.block_size = block_size
         self.device_kv = torch.full((num_device_blocks, block_size), -1, dtype=torch.long)
         self.cpu_kv = torch.full((num_cpu_blocks, block_size), -1, dtype=torch.long)
@@ -50,11 +52,12 @@ class FakeRunner:
                 self.device_kv[chunk.block_table[pos // bs], pos % bs] = token
             self.executed_tokens += len(chunk.token_ids)
             if chunk.want_logits:
-                end = chunk.start_pos + len(chunk.token_ids)
-                context = [int(self.device_kv[chunk.block_table[p // bs], p % bs]) for p in range(end)]
-                logits = torch.zeros(VOCAB)
-                logits[next_token(context)] = 1.0
-                rows.append(logits)
+                last = chunk.start_pos + len(chunk.token_ids)
+                for end in range(last - chunk.num_logits + 1, last + 1):
+                    context = [int(self.device_kv[chunk.block_table[p // bs], p % bs]) for p in range(end)]
+                    logits = torch.zeros(VOCAB)
+                    logits[self.predict(context)] = 1.0
+                    rows.append(logits)
         return torch.stack(rows) if rows else torch.empty(0, VOCAB)
 
     def swap_out(self, pairs: list[tuple[int, int]]) -> None:

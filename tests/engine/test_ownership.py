@@ -51,8 +51,8 @@ def test_block_moves_and_preemptions_are_enums():
     kinds, moves = set(), set()
     original = engine.scheduler.schedule
 
-    def capture():
-        out = original()
+    def capture(drafts=None):
+        out = original(drafts)
         kinds.update(p.kind for p in out.preempted)
         moves.update(direction for direction, _ in out.block_moves)
         return out

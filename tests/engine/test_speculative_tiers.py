@@ -32,8 +32,8 @@ def step_plans(engine, steps: int) -> list:
     outputs = []
     original = engine.scheduler.schedule
 
-    def capture():
-        out = original()
+    def capture(drafts=None):
+        out = original(drafts)
         outputs.append(out)
         return out
 

@@ -299,3 +299,24 @@ def test_streamed_tokens_hold_back_a_stop_string_spanning_tokens(inference, pari
     assert done.finish_reason == common_pb2.FINISH_REASON_STOP
     assert streamed == done.text == text[:text.index("France")]
     inference.wait_until_all_blocks_free()
+
+
+QUOTE = [seg("<|im_start|>system\nAnswer by quoting the document word for word.<|im_end|>\n<|im_start|>user\n"
+             "What does the document say about reading files?\nDocument:\nUse open() to read a file. The with "
+             "statement closes the file for you, even when an exception is raised. Mode 'r' reads text and 'rb' "
+             "reads bytes.\nQuote the document.<|im_end|>\n<|im_start|>assistant\n")]
+
+
+def test_speculation_streams_the_same_tokens_and_reports_its_drafts(inference):
+    """Speculative decoding (fixed depth, auto) answers token for token like no speculation; the
+    done stats and GetStats count the drafted and accepted tokens."""
+    plain = generate(inference.stub, QUOTE, "spec-off", max_tokens=24, speculation="off")
+    assert plain.done.stats.draft_tokens == 0
+    for mode in ("4", "auto"):
+        answer = generate(inference.stub, QUOTE, f"spec-{mode}", max_tokens=24, speculation=mode)
+        assert answer.tokens == plain.tokens, mode
+        assert answer.text == plain.text == answer.done.text
+        assert answer.done.stats.accepted_draft_tokens > 0, mode
+        assert answer.done.stats.draft_tokens >= answer.done.stats.accepted_draft_tokens
+    counters = inference.stub.GetStats(inference_pb2.GetStatsRequest(), timeout=10).stats.counters
+    assert counters.accepted_draft_tokens > 0

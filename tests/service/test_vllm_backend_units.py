@@ -71,3 +71,15 @@ def test_native_paths_do_not_import_vllm():
             "or m in ('inference_svc.vllm_backend.engine', 'inference_svc.vllm_backend.service')]; "
             "assert not loaded, loaded")
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
+
+
+def test_speculation_maps_to_vllms_ngram_speculative_config():
+    from inference_svc.vllm_backend.config import AUTO_NGRAM_DEPTH, VllmSpec, speculative_config
+
+    assert speculative_config("off") is None and speculative_config("0") is None
+    assert speculative_config("8") == {"method": "ngram", "num_speculative_tokens": 8,
+                                       "prompt_lookup_min": 2, "prompt_lookup_max": 4}
+    assert speculative_config("auto")["num_speculative_tokens"] == AUTO_NGRAM_DEPTH   # vLLM's depth is fixed
+    assert speculative_config(VllmSpec(model_dir="m").speculation) is None     # off unless asked
+    with pytest.raises(ValueError, match="speculation"):
+        speculative_config("17")
