@@ -45,8 +45,9 @@ def expected_output(prompt: list[int], max_tokens: int, predict=next_token) -> l
     return out
 
 
-def run_to_completion(engine: Engine, max_steps: int = 10_000) -> list:
-    events = []
+def run_to_completion(engine: Engine, max_steps: int = 10_000, events: list | None = None) -> list:
+    """Step `engine` until nothing is unfinished; returns the events (appended to `events` if given)."""
+    events = [] if events is None else events
     for _ in range(max_steps):
         if not engine.has_unfinished():
             return events
@@ -56,6 +57,19 @@ def run_to_completion(engine: Engine, max_steps: int = 10_000) -> list:
 
 def tokens_of(events, request_id: str) -> list[int]:
     return [e.token_id for e in events if e.request_id == request_id and e.kind is EventKind.TOKEN]
+
+
+def capture_plans(engine: Engine) -> list:
+    """Record the scheduler's output of every step `engine` runs from now on; the list fills as it steps."""
+    plans = []
+    schedule = engine.scheduler.schedule
+
+    def capture(drafts=None):
+        plans.append(out := schedule(drafts))
+        return out
+
+    engine.scheduler.schedule = capture
+    return plans
 
 
 GREEDY = SamplingParams(max_tokens=6)

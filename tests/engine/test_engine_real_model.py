@@ -9,11 +9,11 @@ import pytest
 import torch
 
 from inference_svc.engine.engine import Engine, EngineConfig
-from inference_svc.engine.events import EventKind
 from inference_svc.engine.model_runner import ModelRunner
 from inference_svc.engine.request import Segment
 from inference_svc.engine.sampler import SamplingParams
 from inference_svc.engine.tokenization import SegmentTokenizer
+from tests.engine.engine_helpers import run_to_completion, tokens_of
 
 HEAD = [Segment(text="<|im_start|>system\nAnswer using the documents.<|im_end|>\n<|im_start|>user\n"),
         Segment(text="Question: how do I read a file in Python?\nDocuments:\n")]
@@ -46,25 +46,12 @@ def make_engine(model_dir, tokenizer, *, device_blocks=256, eviction="cost", pol
                                                   enable_prefix_cache=prefix_cache))
 
 
-def drain(engine: Engine, events: list | None = None) -> list:
-    events = [] if events is None else events
-    for _ in range(5000):
-        if not engine.has_unfinished():
-            return events
-        events.extend(engine.step())
-    raise AssertionError("engine did not finish")
-
-
-def answer(events, rid):
-    return [e.token_id for e in events if e.request_id == rid and e.kind is EventKind.TOKEN]
-
-
 @pytest.fixture(scope="module")
 def reference(embedded_model_dir, tokenizer):
     engine = make_engine(embedded_model_dir, tokenizer, budget=2048)
     engine.open("ref", HEAD + DOCS, SamplingParams(max_tokens=MAX_TOKENS))
     engine.finish("ref", SUFFIX)
-    tokens = answer(drain(engine), "ref")
+    tokens = tokens_of(run_to_completion(engine), "ref")
     assert len(tokens) == MAX_TOKENS or tokens[-1] in engine.runner.eos_token_ids
     return tokens
 
@@ -77,9 +64,9 @@ def test_streamed_appends_give_the_one_shot_answer(embedded_model_dir, tokenizer
         engine.append("s", [doc])
         for _ in range(3):
             events += engine.step()
-    assert not answer(events, "s"), "decoded before finish"
+    assert not tokens_of(events, "s"), "decoded before finish"
     engine.finish("s", SUFFIX)
-    assert answer(drain(engine, events), "s") == reference
+    assert tokens_of(run_to_completion(engine, events=events), "s") == reference
     assert engine.scheduler.kv.device.num_free == engine.scheduler.kv.device.num_blocks
 
 
@@ -93,7 +80,7 @@ def test_update_replacing_a_middle_document_gives_the_one_shot_answer(embedded_m
     engine.update("u", DOCS)
     assert engine.requests["u"].stats.tokens_invalidated > 0
     engine.finish("u", SUFFIX)
-    assert answer(drain(engine, events), "u") == reference
+    assert tokens_of(run_to_completion(engine, events=events), "u") == reference
 
 
 @pytest.mark.parametrize("eviction", ["recompute", "swap", "cost"])
@@ -110,9 +97,9 @@ def test_preempted_streams_still_give_the_one_shot_answer(embedded_model_dir, to
             events += engine.step()
     for i in range(3):
         engine.finish(f"p{i}", SUFFIX)
-    drain(engine, events)
+    run_to_completion(engine, events=events)
     for i in range(3):
-        assert answer(events, f"p{i}") == reference, f"p{i}"
+        assert tokens_of(events, f"p{i}") == reference, f"p{i}"
     counters = engine.counters
     assert counters.preemptions_swap + counters.preemptions_recompute > 0
     if eviction == "swap":

@@ -19,7 +19,7 @@ from inference_svc.engine.request import Segment
 from inference_svc.engine.sampler import SamplingParams
 from inference_svc.engine.speculation import DepthController, DepthSettings, NgramProposer, verify
 from inference_svc.engine.tokenization import SegmentTokenizer
-from tests.engine.engine_helpers import BLOCK, expected_output, fake_engine, run_to_completion, tokens_of
+from tests.engine.engine_helpers import BLOCK, capture_plans, expected_output, fake_engine, run_to_completion, tokens_of
 from tests.engine.fake_runner import CharTokenizer, next_token
 
 PERIOD = 7
@@ -156,15 +156,7 @@ def test_verification_tokens_count_in_the_budget_and_never_displace_prefill():
         engine.step()
     engine.open("long", [Segment(token_ids=tuple(range(20, 80)))], greedy("off", 2))
     engine.finish("long")
-    outputs = []
-    original = engine.scheduler.schedule
-
-    def capture(drafts=None):
-        out = original(drafts)
-        outputs.append(out)
-        return out
-
-    engine.scheduler.schedule = capture
+    outputs = capture_plans(engine)
     run_to_completion(engine)
     assert any(chunk.draft for out in outputs for chunk in out.chunks)
     for out in outputs:

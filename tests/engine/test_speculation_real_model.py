@@ -11,11 +11,11 @@ import pytest
 import torch
 
 from inference_svc.engine.engine import Engine, EngineConfig
-from inference_svc.engine.events import EventKind
 from inference_svc.engine.model_runner import ModelRunner
 from inference_svc.engine.request import Segment
 from inference_svc.engine.sampler import SamplingParams
 from inference_svc.engine.tokenization import SegmentTokenizer
+from tests.engine.engine_helpers import run_to_completion, tokens_of
 
 HEAD = [Segment(text="<|im_start|>system\nAnswer by quoting the document word for word.<|im_end|>\n"
                      "<|im_start|>user\nWhat does the document say about reading files?\nDocument:\n")]
@@ -56,19 +56,6 @@ def params(speculation: str) -> SamplingParams:
     return SamplingParams(max_tokens=MAX_TOKENS, speculation=speculation)
 
 
-def drain(engine: Engine, events: list | None = None) -> list:
-    events = [] if events is None else events
-    for _ in range(5000):
-        if not engine.has_unfinished():
-            return events
-        events.extend(engine.step())
-    raise AssertionError("engine did not finish")
-
-
-def answer(events, rid):
-    return [e.token_id for e in events if e.request_id == rid and e.kind is EventKind.TOKEN]
-
-
 def assert_no_leaks(engine: Engine) -> None:
     kv = engine.scheduler.kv
     kv.check_invariants()
@@ -81,7 +68,7 @@ def reference(runner, tokenizer):
     engine = make_engine(runner, tokenizer, budget=2048)
     engine.open("ref", HEAD + DOCS, params("off"))
     engine.finish("ref", SUFFIX)
-    tokens = answer(drain(engine), "ref")
+    tokens = tokens_of(run_to_completion(engine), "ref")
     assert engine.counters.draft_tokens == 0
     return tokens
 
@@ -91,7 +78,7 @@ def test_greedy_answer_is_token_identical_with_speculation(runner, tokenizer, re
     engine = make_engine(runner, tokenizer)
     engine.open("s", HEAD + DOCS, params(speculation))
     engine.finish("s", SUFFIX)
-    assert answer(drain(engine), "s") == reference
+    assert tokens_of(run_to_completion(engine), "s") == reference
     stats = engine.requests["s"].stats
     assert stats.draft_tokens > 0 and stats.accepted_draft_tokens > 0, "the quoting answer accepted no draft"
     assert_no_leaks(engine)
@@ -107,7 +94,7 @@ def test_streamed_update_then_speculation_gives_the_one_shot_answer(runner, toke
     engine.update("u", DOCS)
     assert engine.requests["u"].stats.tokens_invalidated > 0
     engine.finish("u", SUFFIX)
-    assert answer(drain(engine, events), "u") == reference
+    assert tokens_of(run_to_completion(engine, events=events), "u") == reference
     assert engine.requests["u"].stats.accepted_draft_tokens > 0
     assert_no_leaks(engine)
 
@@ -123,9 +110,9 @@ def test_preempted_speculating_requests_give_the_same_answer(runner, tokenizer, 
     for i, mode in enumerate(modes):
         engine.open(f"p{i}", HEAD + DOCS, params(mode))
         engine.finish(f"p{i}", SUFFIX)
-    drain(engine, events)
+    run_to_completion(engine, events=events)
     for i, mode in enumerate(modes):
-        assert answer(events, f"p{i}") == reference, f"p{i} ({mode})"
+        assert tokens_of(events, f"p{i}") == reference, f"p{i} ({mode})"
     counters = engine.counters
     assert counters.preemptions_swap + counters.preemptions_recompute > 0
     assert counters.accepted_draft_tokens > 0
@@ -154,6 +141,6 @@ def test_seeded_sampling_gives_the_same_tokens_with_speculation(runner, tokenize
         engine = make_engine(runner, tokenizer)
         engine.open("t", HEAD + DOCS, dataclasses.replace(params(mode), temperature=0.7, seed=3))
         engine.finish("t", SUFFIX)
-        answers[mode] = answer(drain(engine), "t")
+        answers[mode] = tokens_of(run_to_completion(engine), "t")
         assert_no_leaks(engine)
     assert answers["4"] == answers["off"]

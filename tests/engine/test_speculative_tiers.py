@@ -14,7 +14,7 @@ from inference_svc.engine.options import POLICY_CHOICES
 from inference_svc.engine.request import Segment
 from inference_svc.engine.sampler import SamplingParams
 from inference_svc.engine.scheduler import SchedulerConfig
-from tests.engine.engine_helpers import expected_output, fake_engine, run_to_completion, tokens_of
+from tests.engine.engine_helpers import capture_plans, expected_output, fake_engine, run_to_completion, tokens_of
 
 ONE = SamplingParams(max_tokens=1)
 
@@ -29,15 +29,8 @@ def partial_tokens(out) -> int:
 
 def step_plans(engine, steps: int) -> list:
     """Run `steps` engine steps, capturing each step's scheduler output."""
-    outputs = []
     original = engine.scheduler.schedule
-
-    def capture(drafts=None):
-        out = original(drafts)
-        outputs.append(out)
-        return out
-
-    engine.scheduler.schedule = capture
+    outputs = capture_plans(engine)
     for _ in range(steps):
         engine.step()
     engine.scheduler.schedule = original
