@@ -88,6 +88,15 @@ def load_questions(path: Path) -> list[Question]:
     return questions
 
 
+def questions_or_none(path: Path) -> list[Question] | None:
+    """`load_questions` for a command: None (after saying why on stderr) when the file is unusable."""
+    try:
+        return load_questions(path)
+    except (OSError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return None
+
+
 def answers(url: str, pages: Iterable[str]) -> bool:
     path = page_of(url)
     return any(path == page or path.endswith("/" + page) for page in pages)
@@ -213,10 +222,7 @@ def run_bench_quality(args: argparse.Namespace) -> int:
 
     from protos import orchestrator_pb2_grpc
 
-    try:
-        questions = load_questions(args.questions)
-    except (OSError, ValueError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
+    if (questions := questions_or_none(args.questions)) is None:
         return 2
     retrievers = [r.strip() for r in args.retrievers.split(",") if r.strip()]
     if not retrievers or any(r not in RETRIEVER_CHOICES for r in retrievers) or args.top_k < 1:

@@ -31,7 +31,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from load_tests.quality import Question, answers, load_questions, page_of
+from load_tests.quality import Question, answers, page_of, questions_or_none
 
 THRESHOLDS = (0.0, 0.1, 0.15, 0.2, 0.25, 0.3, 0.35, 0.4, 0.5)
 MARGINS = (0.0, 0.05, 0.1, 0.2, 0.3)
@@ -117,10 +117,7 @@ def run_bench_relevance(args: argparse.Namespace) -> int:
     from protos import retriever_pb2, retriever_pb2_grpc
     from retriever_svc.server_args import CRAWLER_MIN_RELEVANCE
 
-    try:
-        questions = load_questions(args.questions)
-    except (OSError, ValueError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
+    if (questions := questions_or_none(args.questions)) is None:
         return 2
     if args.pages < 1 or args.top_k < 1 or args.deadline_ms < 1:
         print("error: --pages, --top-k and --deadline-ms must be at least 1", file=sys.stderr)
