@@ -37,6 +37,7 @@ class RequestSummary:
     prompt_tokens: int
     output_token_ids: tuple[int, ...]
     text: str          # the answer, cut before a stop string (Request.output_text)
+    min_logit_gap: float | None = None   # confidence, for requests that track it (session queries)
 
 
 # Called on the engine thread: (step seconds, or None for events raised by commands; events).
@@ -144,7 +145,7 @@ class EngineThread:
                 if request is not None:
                     self._deliver(event.request_id, RequestSummary(
                         request.request_id, request.finish_reason, request.stats, request.num_prompt_tokens,
-                        tuple(request.output_token_ids), request.output_text))
+                        tuple(request.output_token_ids), request.output_text, request.min_logit_gap))
 
     def _deliver(self, request_id: str, item: Any) -> None:
         with self._lock:

@@ -37,6 +37,10 @@ class InferenceMetrics:
         self.draft_depth = Histogram("streamrag_draft_depth", "Speculative decoding: draft depth per request and step",
                                      buckets=(1, 2, 3, 4, 6, 8, 12, 16), registry=r)
         self._drafts_seen = (0, 0)
+        self.sessions = Gauge("streamrag_sessions", "Open sessions (the Sessions service)", registry=r)
+        self.session_queries = Counter("streamrag_session_queries", "Session queries by how they were answered",
+                                       ["answer"], registry=r)    # "flash" (cached) or "forked" (computed)
+        self.flash_answers = Counter("streamrag_flash_answers", "Flash Query answers computed", registry=r)
         self.rpc_errors = Counter("streamrag_rpc_errors", "RPCs ended with an error status", ["code"], registry=r)
 
     def observe(self, engine: Engine, seconds: float | None, events: list[EngineEvent]) -> None:

@@ -4,22 +4,26 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import logging
 from pathlib import Path
 
 from inference_svc.chat_format import chat_format
 from inference_svc.engine.engine import EngineConfig
 from inference_svc.engine.factory import EngineSpec, build_engine
-from inference_svc.engine.options import DEFAULT_BLOCK_SIZE, DEFAULT_EVICTION
+from inference_svc.engine.options import DEFAULT_BLOCK_SIZE, DEFAULT_EVICTION, DEFAULT_MAX_SESSIONS
+from inference_svc.engine.sessions import SessionFormat, SessionManager
 from inference_svc.engine_thread import EngineThread
 from inference_svc.metrics import InferenceMetrics
 from inference_svc.servicer import InferenceServicer
-from protos import inference_pb2, inference_pb2_grpc
+from inference_svc.sessions_servicer import SessionsServicer
+from protos import inference_pb2, inference_pb2_grpc, sessions_pb2, sessions_pb2_grpc
 from servicekit.config import ServiceConfig, service_config_from_args
 from servicekit.server import ServiceRunner, configure_logging
 
 log = logging.getLogger(__name__)
 SERVICE_NAME = inference_pb2.DESCRIPTOR.services_by_name["Inference"].full_name
+SESSIONS_SERVICE_NAME = sessions_pb2.DESCRIPTOR.services_by_name["Sessions"].full_name
 
 
 def engine_spec_from_args(args: argparse.Namespace) -> EngineSpec:
@@ -58,7 +62,8 @@ def checked_model_dir(args: argparse.Namespace) -> Path:
 class InferenceService:
     """Engine + engine thread + servicer + gRPC server: start/stop as one unit (also used by tests)."""
 
-    def __init__(self, spec: EngineSpec, config: ServiceConfig, max_streams: int = 256, backend: str = "native"):
+    def __init__(self, spec: EngineSpec, config: ServiceConfig, max_streams: int = 256, backend: str = "native",
+                 max_sessions: int = DEFAULT_MAX_SESSIONS):
         self.engine = build_engine(spec)
         self.metrics = InferenceMetrics()
         self.thread = EngineThread(self.engine, self._after_step)
@@ -69,13 +74,22 @@ class InferenceService:
             device=str(runner.device), chat_format=chat_format(self.engine.tokenizer.tokenizer, runner.eos_token_ids),
             vocab_size=runner.config.vocab_size, token_budget=spec.engine.token_budget)
         self.servicer = InferenceServicer(self.thread, info, self.metrics, max_streams)
-        self.runner = ServiceRunner(config, [(inference_pb2_grpc.add_InferenceServicer_to_server, self.servicer)],
-                                    [SERVICE_NAME], registry=self.metrics.registry)
+        chat = info.chat_format
+        self.sessions = SessionManager(self.engine, SessionFormat(chat.prompt_prefix + chat.user_prefix,
+                                                                  chat.user_suffix + chat.assistant_prefix),
+                                       max_sessions=max_sessions)
+        self.sessions_servicer = SessionsServicer(self.thread, self.sessions, self.metrics)
+        servicers = [(inference_pb2_grpc.add_InferenceServicer_to_server, self.servicer),
+                     (sessions_pb2_grpc.add_SessionsServicer_to_server, self.sessions_servicer)]
+        self.runner = ServiceRunner(config, servicers,
+                                    [SERVICE_NAME, SESSIONS_SERVICE_NAME], registry=self.metrics.registry)
 
     def _after_step(self, seconds: float | None, events: list) -> None:
         """On the engine thread, after a step (or a command that raised events)."""
+        self.sessions.observe(seconds, events)
         self.metrics.observe(self.engine, seconds, events)
-        self.servicer.publish_stats(self.engine)
+        self.metrics.sessions.set(len(self.sessions.sessions))
+        self.servicer.publish_stats(self.engine, num_sessions=len(self.sessions.sessions))
 
     async def start(self, handle_signals: bool = True) -> int:
         self.servicer.publish_stats(self.engine)
@@ -84,6 +98,8 @@ class InferenceService:
 
     async def stop(self, grace_s: float | None = None) -> None:
         await self.runner.stop(grace_s)
+        with contextlib.suppress(Exception):   # an engine that failed has nothing left to free
+            await self.thread.call(lambda engine: self.sessions.close_all("service shutdown"))
         self.shutdown()
 
     def shutdown(self) -> None:
@@ -98,7 +114,8 @@ async def serve(args: argparse.Namespace) -> None:
 
         service = build_vllm_service(args, checked_model_dir(args), config)
     else:
-        service = InferenceService(engine_spec_from_args(args), config, args.max_streams, args.backend)
+        service = InferenceService(engine_spec_from_args(args), config, args.max_streams, args.backend,
+                                   args.max_sessions)
     port = await service.start()
     print(f"inference service on {args.host}:{port} (metrics :{service.runner.metrics_port})", flush=True)
     await service.runner.wait()

@@ -17,6 +17,7 @@ from inference_svc.engine.options import (
     DEFAULT_EVICTION,
     DEFAULT_KV_CPU_BLOCKS,
     DEFAULT_MAX_RUNNING,
+    DEFAULT_MAX_SESSIONS,
     DEFAULT_MAX_STREAMS,
     DEFAULT_POLICY,
     DEFAULT_SPECULATIVE_RESERVE_SHARE,
@@ -57,6 +58,8 @@ def add_inference_args(parser: argparse.ArgumentParser) -> None:
                              "(default: the policy's, 5 s)")
     parser.add_argument("--max-streams", type=int, default=env("max_streams", DEFAULT_MAX_STREAMS),
                         help="open StreamPrompt/Generate calls allowed at once")
+    parser.add_argument("--max-sessions", type=int, default=env("max_sessions", DEFAULT_MAX_SESSIONS),
+                        help="open sessions (the Sessions service) allowed at once")
     parser.add_argument("--backend", default=env("backend", DEFAULT_BACKEND), choices=BACKEND_CHOICES,
                         help="native (default) or vllm (needs the vllm extra, see docs/vllm.md)")
     parser.add_argument("--log-level", default=env("log_level", "INFO"))

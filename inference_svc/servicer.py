@@ -324,11 +324,11 @@ class InferenceServicer(StreamServicerBase):
         return self._stats
 
     # --- stats ----------------------------------------------------------------------
-    def publish_stats(self, engine: Engine) -> None:
+    def publish_stats(self, engine: Engine, num_sessions: int = 0) -> None:
         """Called on the engine thread (or before it starts); replaces the snapshot atomically."""
-        self._stats = self._snapshot(engine)
+        self._stats = self._snapshot(engine, num_sessions)
 
-    def _snapshot(self, engine: Engine) -> inference_pb2.EngineStats:
+    def _snapshot(self, engine: Engine, num_sessions: int) -> inference_pb2.EngineStats:
         states = [r.state.value for r in engine.requests.values()]
         c = engine.counters
         return inference_pb2.EngineStats(
@@ -338,7 +338,7 @@ class InferenceServicer(StreamServicerBase):
                    for pool in engine.scheduler.pools()],
             num_running=states.count("running"), num_waiting=states.count("waiting"),
             num_swapped=states.count("swapped"), policy=engine.policy.name,
-            token_budget=engine.config.token_budget, model=self.model_info.model,
+            token_budget=engine.config.token_budget, model=self.model_info.model, num_sessions=num_sessions,
             counters=inference_pb2.EngineCounters(
                 requests_received=c.requests_received, requests_finished=c.requests_finished,
                 requests_aborted=c.requests_aborted, prompt_tokens_computed=c.prompt_tokens_computed,

@@ -126,9 +126,14 @@ def run_once(engine, prompts: list[Prompt], mode: str, max_tokens: int, tag: str
     opened = time.perf_counter()
     decode_start = None
     drafted0, accepted0 = engine.counters.draft_tokens, engine.counters.accepted_draft_tokens
+    steps: list[tuple[float, int, int, list[int]]] = []   # decode steps: (ms, tokens computed, drafted, depths)
     while engine.has_unfinished():
+        step_start = time.perf_counter()
         events = engine.step()
         now = time.perf_counter()
+        if decode_start is not None:
+            steps.append(((now - step_start) * 1e3, engine.last_step_tokens, engine.last_step_draft_tokens,
+                          list(engine.last_step_depths)))
         for event in events:
             if event.kind is EventKind.TOKEN:
                 token_times[event.request_id].append(now)
@@ -144,44 +149,115 @@ def run_once(engine, prompts: list[Prompt], mode: str, max_tokens: int, tag: str
     answer_s = [times[-1] - opened for times in token_times.values() if times]
     for rid in ids:
         engine.release(rid)
-    return {"tokens_per_s": decode_tokens / max(end - decode_start, 1e-9),
+    depths = [d for step in steps for d in step[3]]
+    plain = [ms for ms, _, drafted_now, _ in steps if drafted_now == 0]
+    return {"steps": len(steps), "step_ms": statistics.mean(s[0] for s in steps) if steps else 0.0,
+            "plain_step_ms": statistics.median(plain) if plain else 0.0,
+            "tokens_per_step": statistics.mean(s[1] for s in steps) if steps else 0.0,
+            "draft_per_step": statistics.mean(s[2] for s in steps) if steps else 0.0,
+            "mean_depth": statistics.mean(depths) if depths else 0.0,
+            "emitted_per_step": decode_tokens / len(steps) if steps else 0.0,
+            "step_profile": [[round(ms, 2), tokens, drafted_now] for ms, tokens, drafted_now, _ in steps],
+"tokens_per_s": decode_tokens / max(end - decode_start, 1e-9),
             "itl_p50_ms": _percentile(itls, 0.5), "itl_p95_ms": _percentile(itls, 0.95),
             "acceptance": accepted / drafted if drafted else 0.0,
             "answer_tokens": statistics.mean(len(t) for t in token_times.values()),
             "answer_s": statistics.median(answer_s)}
 
 
+PER_RUN_KEYS = ("tokens_per_s", "itl_p50_ms", "itl_p95_ms", "acceptance", "answer_tokens", "answer_s",
+                "steps", "step_ms", "plain_step_ms", "tokens_per_step", "draft_per_step", "mean_depth",
+                "emitted_per_step", "speedup_vs_off")
+
+
 def _combine(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Rows: median over seeds with min-max. `speedup_vs_off` is each seed's tokens/s over the same
+    seed's `off` (same prompts, same process, minutes apart), then the median and spread of those."""
+    offs = {(r["seed"], r["workload"], r["concurrency"]): r["tokens_per_s"] for r in runs if r["mode"] == "off"}
     grouped: dict[tuple, list[dict[str, Any]]] = {}
     for run in runs:
+        off = offs.get((run["seed"], run["workload"], run["concurrency"]))
+        run["speedup_vs_off"] = run["tokens_per_s"] / off if off else None
         grouped.setdefault((run["workload"], run["concurrency"], run["mode"]), []).append(run)
     rows = []
     for (workload, concurrency, mode), group in grouped.items():
         row: dict[str, Any] = {"workload": workload, "concurrency": concurrency, "mode": mode, "seeds": len(group)}
-        for key in ("tokens_per_s", "itl_p50_ms", "itl_p95_ms", "acceptance", "answer_tokens", "answer_s"):
-            values = [r[key] for r in group]
+        for key in PER_RUN_KEYS:
+            values = [r[key] for r in group if r.get(key) is not None]
+            if not values:
+                row[key] = row[f"{key}_min"] = row[f"{key}_max"] = None
+                continue
             row[key] = statistics.median(values)
             row[f"{key}_min"], row[f"{key}_max"] = min(values), max(values)
         rows.append(row)
-    for row in rows:
-        off = next((r for r in rows if r["workload"] == row["workload"] and r["concurrency"] == row["concurrency"]
-                    and r["mode"] == "off"), None)
-        row["speedup_vs_off"] = row["tokens_per_s"] / off["tokens_per_s"] if off else None
     return rows
 
 
 def format_table(rows: list[dict[str, Any]]) -> str:
     lines = ["| workload | concurrency | mode | decode tok/s | vs off | ITL p50 ms | ITL p95 ms | acceptance "
-             "| answer tokens | time to answer s |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+             "| mean depth | decode steps | step ms | answer tokens | time to answer s |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         lines.append(
             f"| {r['workload']} | {r['concurrency']} | {r['mode']} | {r['tokens_per_s']:.1f} "
             f"({r['tokens_per_s_min']:.1f}-{r['tokens_per_s_max']:.1f}) | "
             f"{'-' if r['speedup_vs_off'] is None else format(r['speedup_vs_off'], '.2f') + 'x'} "
-            f"| {r['itl_p50_ms']:.0f} | {r['itl_p95_ms']:.0f} | {r['acceptance']:.2f} | {r['answer_tokens']:.0f} "
+            f"({'-' if r['speedup_vs_off'] is None else format(r['speedup_vs_off_min'], '.2f')}-"
+            f"{'-' if r['speedup_vs_off'] is None else format(r['speedup_vs_off_max'], '.2f')}) "
+            f"| {r['itl_p50_ms']:.0f} | {r['itl_p95_ms']:.0f} | {r['acceptance']:.2f} | {r['mean_depth']:.1f} "
+            f"| {r['steps']:.0f} | {r['step_ms']:.0f} | {r['answer_tokens']:.0f} "
             f"| {r['answer_s']:.2f} |")
     return "\n".join(lines)
+
+
+def measure_verify_cost(runner, context: int, batches: list[int], depths: list[int], repeats: int = 7
+                        ) -> list[dict[str, Any]]:
+    """The runner's step time with `batch` sequences of `context` cached tokens each computing 1 + k
+    tokens (a verification of k drafted tokens; k = 0 is a plain decode step), median of `repeats`,
+    and its ratio to the plain step: what `DepthSettings.cost_ratio` estimates (per draft token)."""
+    import torch
+
+    from inference_svc.engine.model_runner import ChunkInput
+
+    bs = runner.block_size
+    per_seq = -(-(context + max(depths) + 1) // bs)
+    if per_seq * max(batches) > runner.kv_cache.num_device_blocks:
+        raise ValueError("the KV pool is too small for this verify-cost measurement")
+    gen = torch.Generator().manual_seed(0)
+    tables = [list(range(i * per_seq, (i + 1) * per_seq)) for i in range(max(batches))]
+    for table in tables:      # the context's KV, computed once
+        ids = torch.randint(0, runner.config.vocab_size, (context,), generator=gen).tolist()
+        runner.execute([ChunkInput(ids, 0, table, False)])
+    results = []
+    for batch in batches:
+        plain_ms = None
+        for k in sorted(depths):
+            chunks = [ChunkInput(torch.randint(0, runner.config.vocab_size, (k + 1,), generator=gen).tolist(),
+                                 context, tables[i], True, k + 1) for i in range(batch)]
+            runner.execute(chunks)   # warm-up, untimed
+            times = []
+            for _ in range(repeats):
+                started = time.perf_counter()
+                runner.execute(chunks)
+                times.append((time.perf_counter() - started) * 1e3)
+            ms = statistics.median(times)
+            plain_ms = ms if k == 0 else plain_ms
+            row = {"batch": batch, "context": context, "k": k, "step_ms": ms, "step_ms_min": min(times),
+                   "step_ms_max": max(times), "vs_plain": ms / plain_ms if plain_ms else None,
+                   "per_draft_token": (ms / plain_ms - 1) / k if plain_ms and k else None}
+            results.append(row)
+            _say(f"verify cost: batch {batch} context {context} k={k}: {ms:7.1f} ms "
+                 f"({row['vs_plain'] or 1:.2f}x plain)")
+    return results
+
+
+def fit_step_cost(rows: list[dict[str, Any]]) -> tuple[float, float]:
+    """Least-squares step time = fixed + per_token * tokens computed, over `measure_verify_cost`'s rows."""
+    xs = [r["batch"] * (1 + r["k"]) for r in rows]
+    ys = [r["step_ms"] for r in rows]
+    mx, my = statistics.mean(xs), statistics.mean(ys)
+    slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / sum((x - mx) ** 2 for x in xs)
+    return my - slope * mx, slope
 
 
 def add_bench_decode_args(parser: argparse.ArgumentParser) -> None:
@@ -196,7 +272,17 @@ def add_bench_decode_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seeds", default="0,1,2")
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--draft-budget", type=int, default=None, help="engine draft budget (default: the engine's)")
+    parser.add_argument("--cost-ratio", type=float, default=None,
+                        help="auto depth's DepthSettings.cost_ratio (default: the engine's); "
+                             "`--verify-cost` measures it")
     parser.add_argument("--json", type=Path, default=None, help="write the rows here")
+    parser.add_argument("--verify-cost", action="store_true",
+                        help="instead: time a step verifying k drafted tokens against a plain decode step "
+                             "(batches --concurrency, depths 0 and --modes' fixed k, --verify-context tokens cached)")
+    parser.add_argument("--verify-context", type=int, default=1024)
+    parser.add_argument("--threads", type=int, default=None,
+                        help="torch intra-op threads (default: torch's, one per core); "
+                             "1 is steadier on a shared machine")
 
 
 def run_bench_decode(args: argparse.Namespace) -> int:
@@ -205,6 +291,10 @@ def run_bench_decode(args: argparse.Namespace) -> int:
     from inference_svc.engine.factory import EngineSpec, build_engine
     from inference_svc.engine.options import parse_speculation
 
+    if args.threads:
+        import torch
+
+        torch.set_num_threads(args.threads)
     modes = args.modes.split(",")
     for mode in modes:
         parse_speculation(mode)
@@ -212,7 +302,27 @@ def run_bench_decode(args: argparse.Namespace) -> int:
     spec = EngineSpec(Path(model_dir), device=args.device, dtype=args.dtype, kv_device_blocks=4096)
     if args.draft_budget is not None:
         spec = replace(spec, engine=replace(spec.engine, draft_budget=args.draft_budget))
+    if args.cost_ratio is not None:
+        spec = replace(spec, engine=replace(spec.engine, depth_settings=replace(spec.engine.depth_settings,
+                                                                                cost_ratio=args.cost_ratio)))
     engine = build_engine(spec)
+    if args.verify_cost:
+        depths = sorted({0} | {parse_speculation(m) for m in modes if parse_speculation(m)})
+        cost = measure_verify_cost(engine.runner, args.verify_context,
+                                   [int(c) for c in args.concurrency.split(",")], depths)
+        print("| batch | context | k | step ms (min-max) | vs plain step | per draft token |")
+        print("|---:|---:|---:|---|---:|---:|")
+        for r in cost:
+            print(f"| {r['batch']} | {r['context']} | {r['k']} | {r['step_ms']:.1f} ({r['step_ms_min']:.1f}-"
+                  f"{r['step_ms_max']:.1f}) | {r['vs_plain']:.2f}x | "
+                  f"{'-' if r['per_draft_token'] is None else format(r['per_draft_token'], '.3f')} |")
+        fixed_ms, per_token_ms = fit_step_cost(cost)
+        print(f"step time ~ {fixed_ms:.2f} ms + {per_token_ms:.3f} ms per computed token: "
+              f"cost_ratio (one more token / a step's fixed cost) = {per_token_ms / fixed_ms:.4f}")
+        if args.json:
+            args.json.write_text(json.dumps({"verify_cost": cost, "fixed_ms": fixed_ms, "per_token_ms": per_token_ms,
+                                             "cost_ratio": per_token_ms / fixed_ms}, indent=2))
+        return 0
     chat = chat_format(engine.tokenizer.tokenizer, tuple(engine.runner.eos_token_ids))
     makers = {"rag": rag_prompts, "free": free_prompts}
     concurrencies = [int(c) for c in args.concurrency.split(",")]

@@ -29,6 +29,12 @@ def load(directory: Path) -> list[dict[str, Any]]:
     return summary["configs"]
 
 
+def spread(values: Sequence[float]) -> dict[str, float]:
+    """The median of per-seed values with their min and max: how every benchmark reports seeds."""
+    values = list(values)
+    return {"median": statistics.median(values), "min": min(values), "max": max(values)}
+
+
 def combine(runs: Sequence[Sequence[dict[str, Any]]]) -> list[dict[str, Any]]:
     """One row per configuration: for each percentile the per-seed TTFTs and speedups, their
     median and min/max; also tokens computed and invalidated summed per seed (median)."""
@@ -43,9 +49,8 @@ def combine(runs: Sequence[Sequence[dict[str, Any]]]) -> list[dict[str, Any]]:
         for name, _ in PERCENTILES:
             ttft = [c["ttft_s"][name] for c in configs]
             speedups = [s for c in configs if (s := (c.get("speedup_vs_nonstreaming") or {}).get(name)) is not None]
-            row[f"ttft_{name}"] = {"median": statistics.median(ttft), "min": min(ttft), "max": max(ttft)}
-            row[f"speedup_{name}"] = ({"median": statistics.median(speedups), "min": min(speedups),
-                                       "max": max(speedups)} if speedups else None)
+            row[f"ttft_{name}"] = spread(ttft)
+            row[f"speedup_{name}"] = spread(speedups) if speedups else None
         row["tokens_computed"] = statistics.median(c.get("tokens_computed_total", 0) for c in configs)
         row["tokens_invalidated"] = statistics.median(c.get("tokens_invalidated_total", 0) for c in configs)
         row["trace_completion_s"] = statistics.median(c.get("trace_completion_s", 0.0) for c in configs)

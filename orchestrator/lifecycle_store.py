@@ -48,7 +48,7 @@ log = logging.getLogger(__name__)
 RECENT_KEY = "streamrag:requests:recent"
 REDIS_GAP = "REDIS_GAP"
 
-_UNREACHABLE = (RedisConnectionError, RedisTimeoutError, OSError)
+REDIS_UNREACHABLE = (RedisConnectionError, RedisTimeoutError, OSError)
 _BATCH_MAX = 500  # writes per pipeline
 _STREAM_IDS_KEPT = 20_000  # requests whose last stream id is remembered
 _STATE_PREFIX = "REQUEST_STATE_"
@@ -267,7 +267,7 @@ class LifecycleStore:
         `retriever` is a `RetrieverChoice` value (stored as its lower-case short name, "anns")
         or the names of the retrievers used, comma-separated ("anns,crawler", "none").
         """
-        now = _now_ms()
+        now = now_ms()
         fields = {"question": question, "state": "RECEIVED", "replica": replica,
                   "retriever": self._encode_field("retriever", retriever), "streamed": _text(streamed),
                   "created_unix_ms": str(now), "updated_unix_ms": str(now)}
@@ -294,7 +294,7 @@ class LifecycleStore:
         """
         encoded = {name: self._encode_field(name, value) for name, value in fields.items() if value is not None}
         if encoded:
-            encoded["updated_unix_ms"] = str(_now_ms())
+            encoded["updated_unix_ms"] = str(now_ms())
             self._enqueue(_Write(request_id, encoded))
 
     # -- reads --------------------------------------------------------------------------------
@@ -308,7 +308,7 @@ class LifecycleStore:
                 pipe.hgetall(request_key(request_id))
                 pipe.xrange(events_key(request_id))
                 fields, entries = await pipe.execute()
-        except _UNREACHABLE as exc:
+        except REDIS_UNREACHABLE as exc:
             raise StoreUnavailable(f"Redis at {self.url} is unreachable: {exc}") from exc
         if not fields and not entries and not queued:
             return None
@@ -330,7 +330,7 @@ class LifecycleStore:
                 for request_id in ids:
                     pipe.hgetall(request_key(request_id))
                 hashes = await pipe.execute()
-        except _UNREACHABLE as exc:
+        except REDIS_UNREACHABLE as exc:
             raise StoreUnavailable(f"Redis at {self.url} is unreachable: {exc}") from exc
         return [StoredRequest.from_redis(rid, fields) for rid, fields in zip(ids, hashes, strict=True) if fields]
 
@@ -352,7 +352,7 @@ class LifecycleStore:
         return _text(value)
 
     def _event_write(self, request_id: str, kind: str, unix_ms: int | None, fields: Mapping[str, Any]) -> _Write:
-        now = _now_ms()
+        now = now_ms()
         entry = {"kind": kind, "unix_ms": str(unix_ms or now)}
         entry.update((name, _text(value)) for name, value in fields.items() if value is not None)
         return _Write(request_id, {"updated_unix_ms": str(now)}, entry, self._next_stream_id(request_id, now))
@@ -384,7 +384,7 @@ class LifecycleStore:
 
     def _note_gap(self, request_id: str, dropped: int) -> None:
         if self._gap_since is None:
-            self._gap_since = _now_ms()
+            self._gap_since = now_ms()
         if request_id in self._gap or len(self._gap) < self.buffer_max:
             self._gap[request_id] = self._gap.get(request_id, 0) + dropped
 
@@ -398,7 +398,7 @@ class LifecycleStore:
             self._inflight = [self._queue.popleft() for _ in range(min(len(self._queue), _BATCH_MAX))]
             try:
                 await self._write(self._inflight)
-            except _UNREACHABLE as exc:
+            except REDIS_UNREACHABLE as exc:
                 self._on_unreachable(exc)
                 await self._backoff()
                 continue
@@ -468,7 +468,7 @@ class LifecycleStore:
         self._failures = 0
         if self._gap_since is None:
             return
-        since, until, gap = self._gap_since, _now_ms(), self._gap
+        since, until, gap = self._gap_since, now_ms(), self._gap
         self._gap_since, self._gap = None, {}
         for request_id, dropped in gap.items():
             self._enqueue(self._event_write(request_id, REDIS_GAP, until, {
@@ -481,7 +481,7 @@ class LifecycleStore:
         self._retry_now.clear()
 
 
-def _now_ms() -> int:
+def now_ms() -> int:
     return time.time_ns() // 1_000_000
 
 

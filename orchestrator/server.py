@@ -1,4 +1,4 @@
-"""`streamrag serve orchestrator`: the Orchestrator service (Ask, GetRequest)."""
+"""`streamrag serve orchestrator`: the Orchestrator service (Ask, GetRequest) and Sessions."""
 
 from __future__ import annotations
 
@@ -11,11 +11,14 @@ from orchestrator.lifecycle_store import LifecycleStore
 from orchestrator.metrics import OrchestratorMetrics
 from orchestrator.router import ReplicaRouter
 from orchestrator.servicer import OrchestratorServicer
-from protos import orchestrator_pb2, orchestrator_pb2_grpc, retriever_pb2_grpc
+from orchestrator.session_directory import SessionDirectory
+from orchestrator.sessions_servicer import SessionsProxy
+from protos import orchestrator_pb2, orchestrator_pb2_grpc, retriever_pb2_grpc, sessions_pb2, sessions_pb2_grpc
 from servicekit.config import DEFAULT_PORTS, ServiceConfig, service_config_from_args
 from servicekit.server import ServiceRunner, configure_logging
 
 SERVICE_NAME = orchestrator_pb2.DESCRIPTOR.services_by_name["Orchestrator"].full_name
+SESSIONS_SERVICE_NAME = sessions_pb2.DESCRIPTOR.services_by_name["Sessions"].full_name
 
 
 class OrchestratorService:
@@ -30,8 +33,11 @@ class OrchestratorService:
         stubs = {name: retriever_pb2_grpc.RetrieverStub(channel) for name, channel in self.channels.items()}
         self.metrics = OrchestratorMetrics()
         self.servicer = OrchestratorServicer(self.router, stubs, self.store, self.metrics)
-        self.runner = ServiceRunner(config, [(orchestrator_pb2_grpc.add_OrchestratorServicer_to_server, self.servicer)],
-                                    [SERVICE_NAME], registry=self.metrics.registry)
+        self.directory = SessionDirectory(redis_url, ttl_s=ttl_s)
+        self.sessions = SessionsProxy(self.router, self.directory, self.store)
+        self.runner = ServiceRunner(config, [(orchestrator_pb2_grpc.add_OrchestratorServicer_to_server, self.servicer),
+                                             (sessions_pb2_grpc.add_SessionsServicer_to_server, self.sessions)],
+                                    [SERVICE_NAME, SESSIONS_SERVICE_NAME], registry=self.metrics.registry)
 
     async def start(self, handle_signals: bool = True) -> int:
         await self.store.start()
@@ -42,6 +48,7 @@ class OrchestratorService:
         await self.runner.stop(grace_s)
         await self.router.stop()
         await self.store.close()
+        await self.directory.close()
         for channel in self.channels.values():
             await channel.close()
 
@@ -68,6 +75,7 @@ async def serve(args: argparse.Namespace) -> None:
     await service.runner.wait()
     await service.router.stop()
     await service.store.close()
+    await service.directory.close()
 
 
 def main(args: argparse.Namespace) -> int:

@@ -76,6 +76,12 @@ def build_parser() -> argparse.ArgumentParser:
     ask = commands.add_parser("ask", help="ask a question; the answer streams as retrieval goes on")
     add_ask_args(ask)
     ask.set_defaults(handler=lazy("streamrag.ask:run_ask"))
+    from streamrag.session import add_session_args
+
+    session = commands.add_parser("session", help="stateful sessions: ingest data continuously, ask many questions, "
+                                                  "Flash Queries answered ahead of time")
+    add_session_args(session)
+    session.set_defaults(handler=lazy("streamrag.session:run_session"))
     requests = commands.add_parser("requests", help="recent requests, or one request's lifecycle from Redis")
     add_requests_args(requests)
     requests.set_defaults(handler=lazy("streamrag.ask:run_requests"))
@@ -175,6 +181,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_bench_relevance_args(relevance)
     relevance.set_defaults(handler=lazy("load_tests.relevance_calibration:run_bench_relevance"))
+    sessions = bench_cmds.add_parser("sessions", help="session query TTFT as the session grows vs Generate and the "
+                                                      "prefix cache; Flash hits; ingestion tokens/s")
+    from load_tests.sessions_bench import add_bench_sessions_args
+
+    add_bench_sessions_args(sessions)
+    sessions.set_defaults(handler=lazy("load_tests.sessions_bench:run_bench_sessions"))
 
     from streamrag.stack.commands import add_down_args, add_status_args, add_up_args
 

@@ -8,6 +8,8 @@ import fails here before it becomes a cycle.
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -61,3 +63,12 @@ def test_the_architecture_page_draws_the_same_graph():
         for dependency in allowed:
             edge = f"{package} --> {dependency}"
             assert edge in page, f"docs/architecture.md lacks the edge {edge}"
+
+
+def test_building_the_command_line_parser_imports_no_engine():
+    """`streamrag --help` stays instant: the parser's argument modules must not pull in torch or
+    transformers (a default imported from the engine once made it take 2.4 s)."""
+    code = ("import sys, streamrag.cli; streamrag.cli.build_parser(); "
+            "print(sorted(name for name in ('torch', 'transformers') if name in sys.modules))")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT)
+    assert result.stdout.strip() == "[]"

@@ -17,6 +17,8 @@ from protos import (
     orchestrator_pb2_grpc,
     retriever_pb2,
     retriever_pb2_grpc,
+    sessions_pb2,
+    sessions_pb2_grpc,
 )
 
 FILES: list[FileDescriptor] = [
@@ -24,6 +26,7 @@ FILES: list[FileDescriptor] = [
     inference_pb2.DESCRIPTOR,
     retriever_pb2.DESCRIPTOR,
     orchestrator_pb2.DESCRIPTOR,
+    sessions_pb2.DESCRIPTOR,
 ]
 
 UPPER_SNAKE = re.compile(r"^[A-Z][A-Z0-9]*(_[A-Z0-9]+)*$")
@@ -61,9 +64,11 @@ def test_stubs_import_from_repo_root():
     assert inference_pb2_grpc.InferenceStub
     assert retriever_pb2_grpc.RetrieverStub
     assert orchestrator_pb2_grpc.OrchestratorStub
+    assert sessions_pb2_grpc.SessionsStub
     assert {file.package for file in FILES} == {"streamrag.v1"}
     services = {service.full_name for file in FILES for service in file.services_by_name.values()}
-    assert services == {"streamrag.v1.Inference", "streamrag.v1.Retriever", "streamrag.v1.Orchestrator"}
+    assert services == {"streamrag.v1.Inference", "streamrag.v1.Retriever", "streamrag.v1.Orchestrator",
+                        "streamrag.v1.Sessions"}
 
 
 def test_committed_stubs_match_the_proto_files():

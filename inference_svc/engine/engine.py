@@ -38,7 +38,7 @@ from inference_svc.engine.options import (
 )
 from inference_svc.engine.output_text import OutputText
 from inference_svc.engine.policies import make_policy
-from inference_svc.engine.request import FinishReason, Request, RequestState, Segment
+from inference_svc.engine.request import FinishReason, Request, RequestState, SchedClass, Segment
 from inference_svc.engine.sampler import Sampler, SamplingParams, make_generator
 from inference_svc.engine.scheduler import (
     BlockMove,
@@ -144,10 +144,13 @@ class Engine:
         self.last_step_tokens = 0     # tokens the last step computed, drafts included (0: nothing could run)
         self.last_step_draft_tokens = 0
         self.last_step_depths: list[int] = []   # draft depths verified in the last step (for metrics)
+        self.last_step_decode_tokens = 0   # tokens the last step computed for decoding requests, drafts included
+        self.last_step_emitted = 0         # tokens the last step emitted (sampled or accepted)
 
     # --- caller input ---------------------------------------------------------------
     def open(self, request_id: str, segments: Sequence[Segment], sampling: SamplingParams,
-             priority: int = 0, arrived_at: float | None = None) -> Request:
+             priority: int = 0, arrived_at: float | None = None,
+             sched_class: SchedClass = SchedClass.INTERACTIVE) -> Request:
         if not request_id:
             raise EngineInputError("request id must not be empty")
         if request_id in self.requests:
@@ -157,7 +160,7 @@ class Engine:
         except ValueError as exc:
             raise EngineInputError(str(exc)) from exc
         now = self.clock() if arrived_at is None else arrived_at
-        request = Request(request_id, sampling, now, priority, head_segments=list(segments))
+        request = Request(request_id, sampling, now, priority, sched_class, head_segments=list(segments))
         self._set_prompt(request, self._encode(segments))
         request.num_head_tokens = request.num_prompt_tokens
         self.scheduler.add(request)
@@ -169,6 +172,34 @@ class Engine:
         self.counters.requests_received += 1
         self._emit(request, EventKind.QUEUED)
         return request
+
+    def fork(self, request_id: str, parent_id: str, num_tokens: int, suffix: Sequence[Segment],
+             sampling: SamplingParams, sched_class: SchedClass = SchedClass.INTERACTIVE,
+             track_confidence: bool = False) -> Request:
+        """A complete request whose prompt is the parent's first `num_tokens` prompt tokens and then
+        `suffix`, sharing the parent's KV of those tokens copy-on-write (a session query: it computes
+        only what the parent has not). Decoding starts as soon as it is scheduled."""
+        parent = self.requests.get(parent_id)
+        if parent is None or parent.is_finished:
+            raise UnknownRequestError(f"fork: no request {parent_id!r}")
+        if not 0 <= num_tokens <= parent.num_prompt_tokens:
+            raise EngineInputError(f"fork: {num_tokens} tokens is outside the parent's prompt")
+        request = self.open(request_id, (), sampling, sched_class=sched_class)
+        request.track_confidence = track_confidence
+        try:
+            self.finish(request_id, [*self._token_segment(parent.prompt_token_ids[:num_tokens]), *suffix])
+        except Exception:
+            self.abort(request_id)
+            self.release(request_id)
+            raise
+        copies = self.scheduler.fork(request, parent, num_tokens)
+        if copies:
+            self.runner.copy_blocks(copies)
+        return request
+
+    @staticmethod
+    def _token_segment(token_ids: list[int]) -> list[Segment]:
+        return [Segment(token_ids=tuple(token_ids))] if token_ids else []
 
     def append(self, request_id: str, segments: Sequence[Segment], arrived_at: float | None = None) -> None:
         """Add segments at the end of the context (the computed KV stays valid)."""
@@ -252,6 +283,7 @@ class Engine:
                 (self.runner.swap_out if direction is BlockMove.OUT else self.runner.swap_in)(pairs)
             blocks = sum(len(pairs) for _, pairs in out.block_moves)
             self.cost_model.observe_swap(blocks, (time.perf_counter() - started) * 1e3)
+        self.last_step_decode_tokens = self.last_step_emitted = 0
         if out.chunks:
             self._run(out)
         self.last_step_tokens = out.num_tokens
@@ -284,8 +316,11 @@ class Engine:
                                      [c.request.sampling for c, _ in plain],
                                      [self._generators[c.request.request_id] for c, _ in plain]) if plain else []
         emitted = {id(chunk): [token] for (chunk, _), token in zip(plain, tokens, strict=True)}
+        self._note_confidence(plain)
         for chunk, rows in verifying:
             emitted[id(chunk)] = self._verify(chunk, rows)
+        self.last_step_emitted = sum(len(tokens) for tokens in emitted.values())
+        self.last_step_decode_tokens = sum(c.num_tokens for c in out.chunks if c.request.is_decoding)
         for chunk in out.chunks:
             request = chunk.request
             computed = chunk.num_tokens - len(chunk.draft)
@@ -310,6 +345,16 @@ class Engine:
                 self._accept_token(chunk.request, token)
             if chunk.draft and not chunk.request.is_finished:
                 self.scheduler.note_computed(chunk.request)   # now that the accepted tokens are its tokens
+
+    @staticmethod
+    def _note_confidence(plain: list[tuple[ScheduledChunk, torch.Tensor]]) -> None:
+        """The logit gap of each sampled row, for requests that track it (Flash Queries)."""
+        for chunk, rows in plain:
+            request = chunk.request
+            if request.track_confidence:
+                top = torch.topk(rows[-1].float(), 2).values
+                gap = float(top[0] - top[1])
+                request.min_logit_gap = gap if request.min_logit_gap is None else min(request.min_logit_gap, gap)
 
     def _verify(self, chunk: ScheduledChunk, rows: torch.Tensor) -> list[int]:
         """The tokens a draft's verification emits (speculation.verify), and its acceptance noted."""
@@ -342,7 +387,8 @@ class Engine:
         for request in decoding:
             room = min(request.sampling.max_tokens - len(request.output_token_ids),
                        self.max_sequence_tokens - request.num_tokens) - 1
-            draft = self._speculation[request.request_id].draft(request.token_ids, room, load, share)
+            draft = self._speculation[request.request_id].draft(request.token_ids, room, load, share,
+                                                                self.last_step_emitted, self.last_step_decode_tokens)
             if draft:
                 drafts[request.request_id] = draft
         return drafts

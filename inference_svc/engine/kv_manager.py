@@ -6,6 +6,9 @@ request owns; the model runner moves the bytes (the copy lists returned here are
 - `allocate_slots` grows a request's device table to cover a token count (all or nothing).
 - `match_prefix` attaches already-computed full blocks found by content hash (a shared
   instruction preamble is computed once).
+- `fork` gives a new request the KV of another's first tokens: full blocks are shared
+  (reference-counted), a partly filled last block is copied (copy-on-write at fork time),
+  so a session query pays only for its question.
 - `truncate` keeps KV up to a token LCP after an update. A partly valid last block is
   kept and overwritten from the LCP on; if that block is shared, it is copied first
   (copy-on-write). A swapped request is truncated on its CPU copy.
@@ -149,6 +152,37 @@ class KVCacheManager:
                 block = tuple(token_ids[start:]) + tuple(tail[:end - head])
             parent = hash((parent, block))
             chain.append(parent)
+
+    def fork(self, parent_id: str, child_id: str, num_tokens: int) -> tuple[int, BlockPairs]:
+        """Give `child_id` (holding nothing) the parent's device KV of its first `num_tokens` tokens.
+
+        Full blocks are shared; a partly covered last block is copied into a fresh block (the
+        parent keeps writing into its own). Returns (tokens the child now holds, device copies the
+        runner must make first). Without a free block for that copy the child holds only the full
+        blocks and computes the rest.
+        """
+        if child_id in self.device_tables or child_id in self.cpu_tables:
+            raise ValueError(f"{child_id} already holds blocks")
+        parent = self.device_tables.get(parent_id, [])
+        bs = self.block_size
+        num_tokens = min(num_tokens, len(parent) * bs)
+        full = num_tokens // bs
+        table = parent[:full]
+        for block in table:
+            self.device.incref(block)
+        copies: BlockPairs = []
+        if num_tokens % bs and self.device.num_free:
+            (fresh,) = self.device.allocate(1)
+            copies.append((parent[full], fresh))
+            table.append(fresh)
+        else:
+            num_tokens = full * bs
+        if table:
+            self.device_tables[child_id] = table
+            chain = self._hash_chains.get(parent_id)
+            if chain:
+                self._hash_chains[child_id] = chain[:full]
+        return num_tokens, copies
 
     # --- invalidation ---------------------------------------------------------------
     def truncate(self, request_id: str, num_valid_tokens: int) -> BlockPairs:

@@ -43,11 +43,13 @@ def speculative_share_arg(text: str) -> float | None:
 
 # Speculative decoding drafted from the request's own tokens (speculation.py): "off", "auto" (depth
 # adapted per request from its acceptance and the engine's load) or a fixed depth k in
-# [0, MAX_SPECULATION_DEPTH] ("0" is off). Chosen from the decode benchmark (docs/benchmarks.md).
+# [0, MAX_SPECULATION_DEPTH] ("0" is off). Default auto, from the decode benchmark (docs/benchmarks.md):
+# on RAG answers it was 1.1-3.1x off at concurrency 1, 4 and 16; on text that does not quote,
+# 0.93-1.18x (median 0.97-1.13x), where fixed k = 8 fell to 0.73x under load. No fixed k did both.
 SPECULATION_MODES = ("off", "auto")
 MAX_SPECULATION_DEPTH = 16
 DEFAULT_SPECULATION = "auto"
-DEFAULT_DRAFT_BUDGET = 32           # most draft tokens per engine step that auto-depth requests share
+DEFAULT_DRAFT_BUDGET = 128          # most draft tokens per engine step that auto-depth requests share
 
 
 def parse_speculation(text: str) -> int | None:
@@ -73,3 +75,4 @@ def speculation_arg(text: str) -> str:
 
 DEFAULT_KV_CPU_BLOCKS = 2048        # the swap pool
 DEFAULT_MAX_STREAMS = 256           # open StreamPrompt/Generate calls per service
+DEFAULT_MAX_SESSIONS = 16           # open sessions per inference service (the Sessions service)

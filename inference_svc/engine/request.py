@@ -28,6 +28,14 @@ class FinishReason(enum.Enum):
     ERROR = "error"
 
 
+class SchedClass(enum.IntEnum):
+    """Scheduling classes, served in this order before any policy's order (sessions, issue 18)."""
+
+    INTERACTIVE = 0     # every ordinary request, and session queries
+    INGEST = 1          # a session's data region, prefilled as batches arrive
+    BACKGROUND = 2      # Flash Query evaluation: only the capacity everything else leaves
+
+
 STABLE_THRESHOLD = 0.5      # a segment less likely than this to survive a refinement is not prefilled ahead
 
 
@@ -87,6 +95,7 @@ class Request:
     sampling: SamplingParams
     arrival_time: float
     priority: int = 0
+    sched_class: SchedClass = SchedClass.INTERACTIVE
     head_segments: list[Segment] = field(default_factory=list)
     context_segments: list[Segment] = field(default_factory=list)
     suffix_segments: list[Segment] = field(default_factory=list)
@@ -106,6 +115,10 @@ class Request:
     passed_over_since: float | None = None  # runnable but not chosen since (LCAS anti-starvation)
     preempted_at: float | None = None     # the default policy re-queues preempted requests first
     admitted_seq: int = -1                # order of (re)admission to the device, for LIFO eviction
+    # The smallest gap between the two largest logits over the output tokens (Flash Queries'
+    # confidence); tracked only when `track_confidence` is set.
+    track_confidence: bool = False
+    min_logit_gap: float | None = None
     stats: RequestStats = field(default_factory=RequestStats)
 
     def __post_init__(self) -> None:

@@ -18,6 +18,12 @@ reuse, block allocation. When allocation fails it preempts not-chosen requests l
 priority first, asking the cost model (or the fixed eviction mode) whether to recompute
 or swap each one. Prefill is chunked within the budget; decodes ride in the same batch.
 
+Scheduling classes (`SchedClass`, sessions): interactive requests rank before session ingestion
+whatever the policy; in a step that runs complete work (a session query, a decode), ingestion gets
+only `speculative_reserve_share` of the budget, so a query's step stays short. Background work
+(Flash Query evaluation) runs only on the tokens and blocks every other request leaves; not-chosen
+background requests are the first eviction victims.
+
 Then drafts (speculative decoding, speculation.py): a decode chunk grows by its request's draft
 tokens, in rank order, out of the token budget the step left and the free device blocks only —
 verification never displaces a prefill and never preempts anyone.
@@ -40,9 +46,13 @@ from inference_svc.engine.options import (
     EVICTION_CHOICES,
 )
 from inference_svc.engine.policies import Policy, PolicyContext
-from inference_svc.engine.request import Request, RequestState
+from inference_svc.engine.request import Request, RequestState, SchedClass
 
 EVICTION_MODES = EVICTION_CHOICES
+
+
+def _sched_class(request: Request) -> int:
+    return request.sched_class
 
 
 @dataclass(frozen=True)
@@ -208,14 +218,24 @@ class Scheduler:
 
     def rank(self, now: float) -> list[Request]:
         finished = RequestState.FINISHED
-        return self.policy.order([r for r in self.requests.values() if r.state is not finished],
-                                 self.policy_context(now))
+        ranked = self.policy.order([r for r in self.requests.values() if r.state is not finished],
+                                   self.policy_context(now))
+        if any(r.sched_class for r in ranked):      # sessions: a stable partition by class
+            ranked.sort(key=_sched_class)
+        return ranked
 
     def plan(self, ranked: list[Request]) -> Plan:
         """Choose what runs this step. Reads state only."""
         budget, capacity = self.config.token_budget, self.kv.device.num_blocks
         chosen: list[tuple[Request, int]] = []
         not_chosen: list[Request] = []
+        if ranked and ranked[-1].sched_class is SchedClass.BACKGROUND:   # rank() put them last
+            split = next(i for i, r in enumerate(ranked) if r.sched_class is SchedClass.BACKGROUND)
+            foreground = self.plan(ranked[:split])
+            budget -= sum(n for _, n in foreground.chosen)
+            capacity -= self._footprint(foreground.chosen)
+            self._fill(ranked[split:], budget, capacity, foreground.chosen, foreground.not_chosen)
+            return foreground
         cap = self.config.speculative_tokens
         if cap is None:
             self._fill(ranked, budget, capacity, chosen, not_chosen)
@@ -227,8 +247,22 @@ class Scheduler:
         partial = [r for r in ranked if not r.context_complete] if complete else ranked
         reserved = min(self.config.speculative_reserve, cap, sum(max(r.num_schedulable_tokens, 0) for r in partial))
         budget_left, capacity = self._fill(complete, budget - reserved, capacity, chosen, not_chosen)
-        self._fill(partial, min(cap, budget_left + reserved), capacity, chosen, not_chosen)
+        partial_budget = min(cap, budget_left + reserved)
+        if chosen and partial[-1].sched_class is SchedClass.INGEST:
+            # Complete work runs this step: session ingestion gets only the reserve, so the step that
+            # carries a session query (or a decode) stays short; ingestion still progresses.
+            split = next(i for i, r in enumerate(partial) if r.sched_class is SchedClass.INGEST)
+            partial_budget, capacity = self._fill(partial[:split], partial_budget, capacity, chosen, not_chosen)
+            self._fill(partial[split:], min(partial_budget, self.config.speculative_reserve), capacity, chosen,
+                       not_chosen)
+            return Plan(chosen, not_chosen)
+        self._fill(partial, partial_budget, capacity, chosen, not_chosen)
         return Plan(chosen, not_chosen)
+
+    def _footprint(self, chosen: list[tuple[Request, int]]) -> int:
+        """Device blocks the chosen requests occupy after their chunks (as `_fill` counts them)."""
+        bs, cpu = self.kv.block_size, self.kv.num_cpu_blocks
+        return sum(max(-(-(r.num_computed_tokens + n) // bs), cpu(r.request_id)) for r, n in chosen)
 
     def _fill(self, ranked: list[Request], budget: int, capacity: int, chosen: list[tuple[Request, int]],
               not_chosen: list[Request]) -> tuple[int, int]:
@@ -316,6 +350,19 @@ class Scheduler:
             chunk.draft = list(draft[:n])
             chunk.num_tokens += n
             budget -= n
+
+    def fork(self, child: Request, parent: Request, num_tokens: int) -> BlockPairs:
+        """Start `child` (new, holding nothing) on the parent's device KV of its first `num_tokens`
+        tokens, which the two share (sessions). Returns block copies the runner must make first.
+        A parent without device KV (swapped or waiting) gives nothing: the child computes it all."""
+        if parent.state is not RequestState.RUNNING:
+            return []
+        shared, copies = self.kv.fork(parent.request_id, child.request_id,
+                                      min(num_tokens, parent.num_computed_tokens))
+        if shared:
+            child.num_computed_tokens = shared
+            self._admit(child)
+        return copies
 
     def rollback(self, request: Request, valid: int) -> BlockPairs:
         """After verification: keep KV of the first `valid` tokens, free blocks past them."""

@@ -12,10 +12,12 @@ own pass, `PolicyStreamingScheduler`:
 2. orders `running` and both waiting queues by that rank, so vLLM's own scan follows our
    order and its preemption (`running[-1]`) takes the lowest priority first;
 3. lets the highest-ranked ready waiting request overtake lower-ranked work that vLLM would
-   otherwise serve first: running prefills of partial prompts and KV-holding waiting requests
-   ranked below it sit this step out (they keep their KV); if the device pool cannot hold the
-   overtaking request, the lowest-ranked of those running prefills are preempted (recompute)
-   until it can;
+   otherwise serve first (running prefills of partial prompts, and KV-holding waiting requests
+   when it is in `waiting`): as many of them as would leave it less of the token budget than it
+   can use sit this step out, lowest rank first (they keep their KV); the others keep their
+   turn, so the step's budget is not spent on the top request alone. If the device pool cannot
+   hold the overtaking request, the lowest-ranked of those running prefills are preempted
+   (recompute) until it can;
 4. after vLLM's pass, puts them back and records who was passed over (LCAS's starvation bound).
 
 vLLM's streaming sessions idle between turns (`WAITING_FOR_STREAMING_REQ`) keep their KV and
@@ -26,6 +28,8 @@ The policy's name comes from `vllm_config.additional_config["streamrag_policy"]`
 
 from __future__ import annotations
 
+import json
+import os
 import time
 from typing import Any
 
@@ -38,6 +42,10 @@ from inference_svc.vllm_backend.config import POLICY_KEY, POLICY_OPTIONS_KEY
 from inference_svc.vllm_backend.ranking import PolicyRanker
 
 _READY = (RequestStatus.WAITING, RequestStatus.PREEMPTED)
+# Set to a path prefix, the class writes one JSON line per step to PREFIX.<pid>.jsonl (benchmark
+# evidence: queue lengths, what it held back or preempted (ours; total: vLLM's and ours), tokens
+# scheduled to complete and partial prompts). Unset: nothing is written.
+STEP_LOG_ENV = "STREAMRAG_VLLM_STEP_LOG"
 
 
 class PolicySchedulingMixin:
@@ -53,10 +61,15 @@ class PolicySchedulingMixin:
             raise ValueError(f"{type(self).__name__} runs on vLLM's 'fcfs' queues (it orders them itself), "
                              f"got scheduling_policy={self.policy.value!r}")
         self.ranker = PolicyRanker(make_policy(name, **extra.get(POLICY_OPTIONS_KEY, {})))
+        self._preempted_in_step = 0
+        prefix = os.environ.get(STEP_LOG_ENV)
+        path = f"{prefix}.{os.getpid()}.jsonl" if prefix else None
+        self._step_log = open(path, "a", encoding="utf-8") if path else None  # noqa: SIM115 (process lifetime)
 
     # --- the step -------------------------------------------------------------------------
     def schedule(self, *args: Any, **kwargs: Any):
         now = time.time()
+        self._preempted_in_step = 0
         held_running, held_waiting, runnable = self._arrange(now)
         try:
             out = super().schedule(*args, **kwargs)
@@ -65,7 +78,29 @@ class PolicySchedulingMixin:
             self.kv_holding_waiting.extend(held_waiting)
             self._order_running()
         self.ranker.note_scheduled(set(out.num_scheduled_tokens), runnable, now)
+        if self._step_log is not None:
+            self._log_step(now, out, runnable, len(held_running), len(held_waiting))
         return out
+
+    def _log_step(self, now: float, out: Any, runnable: list, held_running: int, held_waiting: int) -> None:
+        tokens = out.num_scheduled_tokens
+        complete = partial = 0
+        for rid, n in tokens.items():
+            request = self.requests.get(rid)
+            if request is not None and not self.ranker.is_complete(request):
+                partial += n
+            else:
+                complete += n
+        waiting_complete = sum(1 for r in runnable if r.request_id not in tokens and self.ranker.is_complete(r))
+        self._step_log.write(json.dumps({
+            "t": round(now, 4), "running": len(self.running), "waiting": len(self.waiting),
+            "kv_holding": len(self.kv_holding_waiting), "idle": getattr(self, "num_waiting_for_streaming_input", 0),
+            "held_running": held_running, "held_waiting": held_waiting, "preempted": self._preempted_in_step,
+            "preempted_total": len(getattr(out, "preempted_req_ids", None) or ()),
+            "tokens_complete": complete, "tokens_partial": partial, "requests": len(tokens),
+            "complete_not_scheduled": waiting_complete,
+            "free_blocks": self.kv_cache_manager.block_pool.get_num_free_blocks()}) + "\n")
+        self._step_log.flush()
 
     def _free_request(self, request, *args: Any, **kwargs: Any):
         self.ranker.forget((request.request_id,))
@@ -81,20 +116,30 @@ class PolicySchedulingMixin:
         self._order_running()
         self._order_queue(self.kv_holding_waiting)
         self._order_queue(self.waiting)
-        top = self._top_ready_waiting()
+        top, top_in_waiting = self._top_ready_waiting()
         if top is None:
             return [], [], runnable
         rank = self._rank
         limit = rank[top.request_id]
-        below = [r for r in self.running if rank[r.request_id] > limit and self._partial_prefill(r)]
-        held_waiting = [r for r in self.kv_holding_waiting if rank[r.request_id] > limit and r.status in _READY]
-        if (not below and not held_waiting) or not self._would_wait(top, limit, below + held_waiting):
+        # What vLLM serves before `top` this step although it ranks below it: running partial
+        # prefills (running goes first) and, if `top` is in `waiting`, the ready KV-holding
+        # requests (that queue is drained before `waiting`). When `top` is itself KV-holding, the
+        # lower-ranked ones of that queue come after it in vLLM's scan and need no holding back.
+        before = [r for r in self.running if rank[r.request_id] > limit and self._partial_prefill(r)]
+        if top_in_waiting:
+            before += [r for r in self.kv_holding_waiting if rank[r.request_id] > limit and r.status in _READY]
+        held = self._to_hold(top, limit, before)
+        if self._blocks_short(top):   # the pool cannot hold `top`: every running one of `before` may give way
+            ids = {r.request_id for r in held}
+            held += [r for r in before if r.status is RequestStatus.RUNNING and r.request_id not in ids]
+        if not held:
             return [], [], runnable
-        self._make_room(top, below, now)
-        held_running = [r for r in below if r.status is RequestStatus.RUNNING]
+        self._make_room(top, [r for r in held if r.status is RequestStatus.RUNNING], now)
+        held_running = [r for r in held if r.status is RequestStatus.RUNNING]   # not preempted just now
+        held_waiting = [r for r in held if r.status in _READY and self._in_kv_holding(r)]
         if held_running:
-            held = set(held_running)
-            self.running = [r for r in self.running if r not in held]
+            gone = set(held_running)
+            self.running = [r for r in self.running if r not in gone]
         if held_waiting:
             self.kv_holding_waiting.remove_requests(held_waiting)
         self._order_queue(self.waiting)   # preempted requests were prepended
@@ -115,19 +160,34 @@ class PolicySchedulingMixin:
         return getattr(self, "_rank", {}).get(request.request_id, default)
 
     def _top_ready_waiting(self):
-        """The highest-ranked waiting request vLLM could start now (not an idle session)."""
-        firsts = [next((r for r in queue if r.status in _READY), None)   # queues are in rank order
-                  for queue in (self.kv_holding_waiting, self.waiting)]
-        firsts = [r for r in firsts if r is not None]
-        return min(firsts, key=lambda r: self._rank[r.request_id]) if firsts else None
+        """The highest-ranked waiting request vLLM could start now (not an idle session), and
+        whether it is in `waiting` (else in `kv_holding_waiting`)."""
+        firsts = [(r, queue is self.waiting) for queue in (self.kv_holding_waiting, self.waiting)
+                  if (r := next((r for r in queue if r.status in _READY), None)) is not None]  # rank order
+        return min(firsts, key=lambda f: self._rank[f[0].request_id]) if firsts else (None, False)
 
-    def _would_wait(self, top, limit: int, below: list) -> bool:
-        """Whether vLLM, serving `below` (lower-ranked work it takes first) this step, would leave
-        `top` less of the token budget than it could use."""
+    def _in_kv_holding(self, request) -> bool:
+        return any(r is request for r in self.kv_holding_waiting)
+
+    def _to_hold(self, top, limit: int, before: list) -> list:
+        """The requests of `before` (lower-ranked work vLLM would serve ahead of `top`) to leave out
+        of this step so that `top` gets as much of the token budget as it can use: the
+        highest-ranked of them keep their turn while their pending tokens fit in what `top` does
+        not need; only the rest are held back (a step is not spent on `top` alone)."""
+        if not before:
+            return []
         budget = self.max_num_scheduled_tokens
         above = sum(self._pending(r) for r in self.running if self._rank[r.request_id] < limit)
         left = max(0, budget - above)
-        return left - sum(self._pending(r) for r in below) < min(self._pending(top), left)
+        room = left - min(self._pending(top), left)
+        held = []
+        for request in sorted(before, key=lambda r: self._rank[r.request_id]):
+            pending = self._pending(request)
+            if pending <= room:
+                room -= pending
+            else:
+                held.append(request)
+        return held
 
     @staticmethod
     def _pending(request) -> int:
@@ -139,18 +199,22 @@ class PolicySchedulingMixin:
         return (not self.ranker.is_complete(request) and request.num_output_placeholders == 0
                 and request.num_computed_tokens < request.num_tokens)
 
+    def _blocks_short(self, top) -> bool:
+        """Whether the device pool cannot hold `top`'s uncomputed tokens now."""
+        needed = -(-(top.num_tokens - top.num_computed_tokens) // self.block_size)
+        return self.kv_cache_manager.block_pool.get_num_free_blocks() < needed
+
     def _make_room(self, top, victims: list, now: float) -> None:
         """Preempt (recompute) the lowest-ranked `victims` until the device pool can hold `top`'s
         uncomputed tokens: our eviction order, lowest priority first."""
-        pool = self.kv_cache_manager.block_pool
-        needed = -(-(top.num_tokens - top.num_computed_tokens) // self.block_size)
         for victim in sorted(victims, key=lambda r: self._rank[r.request_id], reverse=True):
-            if pool.get_num_free_blocks() >= needed:
+            if not self._blocks_short(top):
                 return
             if victim.status is not RequestStatus.RUNNING or not self._request_blocks_can_be_freed(victim):
                 continue
             self.running.remove(victim)
             self._preempt_request(victim, time.monotonic())
+            self._preempted_in_step += 1
 
     def _cached_prefix_tokens(self, request) -> int:
         """k-LPM's prefix match: tokens computed, else the longest prefix-cache hit (read only)."""

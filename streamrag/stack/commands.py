@@ -309,7 +309,7 @@ def service_details(service: Service, options: dict, timeout_s: float = 2.0) -> 
                                                                            timeout=timeout_s).stats
                 pools = ", ".join(f"{p.name} {p.free_blocks}/{p.total_blocks}" for p in stats.pools)
                 return (f"policy {stats.policy}; KV free/total blocks: {pools}; "
-                        f"running {stats.num_running}, waiting {stats.num_waiting}")
+                        f"running {stats.num_running}, waiting {stats.num_waiting}, sessions {stats.num_sessions}")
             info = retriever_pb2_grpc.RetrieverStub(channel).Describe(retriever_pb2.RetrieverDescribeRequest(),
                                                                       timeout=timeout_s).retriever_info
         except grpc.RpcError as exc:

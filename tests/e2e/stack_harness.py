@@ -67,7 +67,7 @@ class Stack:
         return f"127.0.0.1:{port}"
 
     async def _start(self) -> None:
-        addresses = {
+        self.retriever_addresses = addresses = {
             "anns": await self._serve_retriever("anns", AnnsBackend(AnnsIndex(self.index_dir))),
             "crawler": await self._serve_retriever("crawler", CrawlerBackend(CrawlerSettings(
                 start_urls=(self.corpus.index_url,), max_pages=10, work_dir=self.root / "crawl"))),

@@ -63,17 +63,27 @@ def test_auto_depth_follows_acceptance_and_load_and_probes_after_a_collapse():
     fixed = DepthController(3, settings)
     assert [fixed.depth(load=0.95) for _ in range(3)] == [3, 3, 3]
     auto = DepthController(None, settings)
-    assert auto.depth() == 2                           # prior p = 0.5: 0.5 ** 2 >= 0.25 > 0.5 ** 3
+    # priors p1 = p = 0.5, cost 0.25 / 1.25: 0.5 ** 2 > 0.2 > 0.5 ** 3
+    assert auto.depth() == 2
     for _ in range(20):
         auto.observe(8, 8)                             # every draft accepted whole
     assert auto.acceptance > 0.95
     assert auto.depth(load=0.0) == 8
     assert auto.depth(load=0.0, share=3) == 3          # its share of the draft budget
     for _ in range(20):
-        auto.observe(5, 4)                             # 4 accepted, then a rejection: p -> 0.8
-    assert abs(auto.acceptance - 0.8) < 0.01
-    assert auto.depth(load=0.0) == 6                   # 0.8 ** 6 > 0.25 > 0.8 ** 7
-    assert auto.depth(load=0.4) == 2                   # prefill took 40% of the last step: dearer tokens
+        auto.observe(5, 4)                             # 4 accepted, then a rejection: p1 -> 1, p -> 3 / 4
+    assert abs(auto.acceptance - 0.75) < 0.01 and auto.first_acceptance > 0.99
+    assert auto.depth(load=0.0) == 6                   # 0.75 ** 5 > 0.2 > 0.75 ** 6
+    assert auto.depth(load=0.4) == 3                   # prefill took 40% of the last step: dearer tokens (0.52)
+    # in a batch whose last step emitted 16 tokens out of 32 computed, a draft token delays them all:
+    # cost 0.25 * 16 / (1 + 0.25 * 32) = 0.44, 0.75 ** 2 > 0.44 > 0.75 ** 3
+    assert auto.depth(load=0.0, batch_emitted=16, batch_tokens=32) == 3
+    quoting = DepthController(None, settings)          # bimodal: wrong at once, or a whole quote
+    for _ in range(10):
+        quoting.observe(8, 0)
+        quoting.observe(8, 8)
+    assert 0.4 < quoting.first_acceptance < 0.7 and quoting.acceptance > 0.95
+    assert quoting.depth() == 8                        # a geometric p ~ 0.5 would have said 2
     for _ in range(20):
         auto.observe(4, 0)                             # every draft rejected at once
     assert auto.collapsed

@@ -78,3 +78,28 @@ def test_preemption_takes_the_lowest_priority_first(embedded_model_dir, policy, 
     assert "complete" in second.num_scheduled_tokens                   # the complete prompt overtook them
     assert kept not in second.num_scheduled_tokens                     # held back this step, KV kept
     assert scheduler.running[0].request_id == "complete"              # ranked first from now on
+
+
+@pytest.mark.parametrize(("policy", "served", "held"), [("fcfs", "earlier", "later"), ("lcas", "later", "earlier")])
+def test_an_overtaking_request_leaves_the_rest_of_the_budget_to_the_next_in_rank(embedded_model_dir, policy,
+                                                                                   served, held):
+    """A short complete prompt overtakes two partial prefills; only as much lower-ranked work is held
+    back as it needs: the higher-ranked partial prefill still gets its chunk in the same step (the
+    step is not spent on the short prompt alone), the lower-ranked one waits, keeping its KV."""
+    from vllm.v1.request import RequestStatus
+
+    scheduler = make_scheduler(embedded_model_dir, policy)
+    earlier = make_request("earlier", 1200, 1.0, complete=False)
+    later = make_request("later", 1200, 2.0, complete=False)
+    for request in (earlier, later):
+        scheduler.add_request(request)
+    scheduler.schedule()                                               # 512 tokens each
+    short = make_request("short", 100, 3.0, complete=True)
+    scheduler.add_request(short)
+    step = scheduler.schedule()
+    requests = {"earlier": earlier, "later": later}
+    assert step.num_scheduled_tokens.get("short") == 100               # overtook both
+    assert step.num_scheduled_tokens.get(served) == 512                # budget left: 1,024 - 100 > 688 pending
+    assert held not in step.num_scheduled_tokens                       # 688 more would not fit behind it
+    assert requests[held].status is RequestStatus.RUNNING and requests[held].num_computed_tokens == 512
+    assert not step.preempted_req_ids                                  # the pool holds all three

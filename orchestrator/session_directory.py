@@ -1,0 +1,139 @@
+"""Where each session lives and what it needs to be rebuilt, kept in Redis (the orchestrator
+itself stays stateless: any orchestrator process can serve any session).
+
+Per session, keys that expire `ttl_s` after their last write:
+- `streamrag:session:<id>`: hash with replica, instructions, retention_tokens,
+  created_unix_ms, updated_unix_ms, data_version;
+- `streamrag:session:<id>:batches`: list, one JSON array of segment texts per ingest batch,
+  oldest first, at most `max_batches` (the data a replica can be rebuilt from);
+- `streamrag:session:<id>:flash`: hash, registered question -> max_tokens.
+Plus `streamrag:sessions`, the set of open session ids. Session events go to the lifecycle
+store's event stream of the id `session:<id>` (see lifecycle_store.py).
+
+Unlike the lifecycle store's buffered writes, these calls go to Redis at once and raise
+`StoreUnavailable` when it is down: routing a session needs an answer.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+import redis.asyncio as redis
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
+
+from orchestrator.lifecycle_store import REDIS_UNREACHABLE, StoreUnavailable, now_ms
+
+SESSIONS_KEY = "streamrag:sessions"
+DEFAULT_MAX_BATCHES = 10_000
+
+
+def session_key(session_id: str) -> str:
+    return f"streamrag:session:{session_id}"
+
+
+@dataclass(frozen=True)
+class SessionRecord:
+    session_id: str
+    replica: str
+    instructions: str
+    retention_tokens: int
+    data_version: int
+
+
+class SessionDirectory:
+    def __init__(self, url: str, *, ttl_s: int = 86_400, max_batches: int = DEFAULT_MAX_BATCHES,
+                 timeout_s: float = 2.0) -> None:
+        self.url = url
+        self.ttl_s = ttl_s
+        self.max_batches = max_batches
+        self._redis = redis.Redis.from_url(url, decode_responses=True, socket_connect_timeout=timeout_s,
+                                           socket_timeout=timeout_s, retry=Retry(NoBackoff(), 1))
+
+    async def close(self) -> None:
+        await self._redis.aclose()
+
+    async def _do(self, fn):
+        try:
+            return await fn(self._redis)
+        except REDIS_UNREACHABLE as exc:
+            raise StoreUnavailable(f"the session directory (Redis at {self.url}) is unreachable: {exc}") from exc
+
+    async def create(self, session_id: str, replica: str, instructions: str, retention_tokens: int) -> bool:
+        """Record a new session; False if the id is taken."""
+        key = session_key(session_id)
+        now = str(now_ms())
+
+        async def write(r: redis.Redis) -> bool:
+            if not await r.sadd(SESSIONS_KEY, session_id):
+                return False
+            async with r.pipeline(transaction=True) as pipe:
+                pipe.delete(key, f"{key}:batches", f"{key}:flash")
+                pipe.hset(key, mapping={"replica": replica, "instructions": instructions,
+                                        "retention_tokens": str(retention_tokens), "data_version": "0",
+                                        "created_unix_ms": now, "updated_unix_ms": now})
+                pipe.expire(key, self.ttl_s)
+                await pipe.execute()
+            return True
+
+        return await self._do(write)
+
+    async def get(self, session_id: str) -> SessionRecord | None:
+        fields = await self._do(lambda r: r.hgetall(session_key(session_id)))
+        if not fields:
+            return None
+        return SessionRecord(session_id, fields.get("replica", ""), fields.get("instructions", ""),
+                             int(fields.get("retention_tokens", 0)), int(fields.get("data_version", 0)))
+
+    async def ids(self) -> list[str]:
+        return sorted(await self._do(lambda r: r.smembers(SESSIONS_KEY)))
+
+    async def set_replica(self, session_id: str, replica: str) -> None:
+        await self._touch(session_id, replica=replica)
+
+    async def add_batch(self, session_id: str, texts: list[str], data_version: int) -> None:
+        key = session_key(session_id)
+
+        async def write(r: redis.Redis) -> None:
+            async with r.pipeline(transaction=True) as pipe:
+                pipe.rpush(f"{key}:batches", json.dumps(texts))
+                pipe.ltrim(f"{key}:batches", -self.max_batches, -1)
+                pipe.hset(key, mapping={"data_version": str(data_version),
+                                        "updated_unix_ms": str(now_ms())})
+                for name in (key, f"{key}:batches", f"{key}:flash"):
+                    pipe.expire(name, self.ttl_s)
+                await pipe.execute()
+
+        await self._do(write)
+
+    async def batches(self, session_id: str) -> list[list[str]]:
+        raw = await self._do(lambda r: r.lrange(f"{session_key(session_id)}:batches", 0, -1))
+        return [json.loads(batch) for batch in raw]
+
+    async def set_flash(self, session_id: str, question: str, max_tokens: int | None) -> None:
+        """Record a Flash Query (`max_tokens` None: remove it)."""
+        name = f"{session_key(session_id)}:flash"
+        if max_tokens is None:
+            await self._do(lambda r: r.hdel(name, question))
+        else:
+            await self._do(lambda r: r.hset(name, question, str(max_tokens)))
+
+    async def flash(self, session_id: str) -> dict[str, int]:
+        raw = await self._do(lambda r: r.hgetall(f"{session_key(session_id)}:flash"))
+        return {question: int(tokens) for question, tokens in raw.items()}
+
+    async def delete(self, session_id: str) -> None:
+        key = session_key(session_id)
+
+        async def write(r: redis.Redis) -> None:
+            async with r.pipeline(transaction=True) as pipe:
+                pipe.srem(SESSIONS_KEY, session_id)
+                pipe.delete(key, f"{key}:batches", f"{key}:flash")
+                await pipe.execute()
+
+        await self._do(write)
+
+    async def _touch(self, session_id: str, **fields: str) -> None:
+        fields["updated_unix_ms"] = str(now_ms())
+        await self._do(lambda r: r.hset(session_key(session_id), mapping=fields))

@@ -1,0 +1,310 @@
+"""The orchestrator's `Sessions` service: the same contract as the inference service's, for users.
+
+A session lives on one replica. CreateSession picks it with the router and records it in the
+session directory (Redis); every later call reads the directory and is forwarded there. Each
+ingest batch is also appended to the directory, and each Flash Query recorded, so the session
+can be rebuilt.
+
+Replica failure (the choice, see docs/sessions.md): when the replica holding a session is
+unreachable, or answers NOT_FOUND for a session the directory still holds (it restarted), the
+session is rebuilt on another replica from the directory — created again with the same id,
+instructions and retention, each kept batch ingested again as its own batch (so data versions
+stay the same), its Flash Queries registered again — and the call is retried once. A query
+already streaming its answer when the replica dies ends UNAVAILABLE (no token is sent twice);
+Subscribe resubscribes on the new replica and carries on. With no replica left, the call ends
+UNAVAILABLE and says which replica was lost.
+
+Queries are also recorded in the lifecycle store like Asks (`streamrag requests` shows them), and
+session events (CREATED, INGESTED, REBUILT, CLOSED) go to its event stream of `session:<id>`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import grpc
+
+from orchestrator.lifecycle_store import LifecycleStore, StoreUnavailable
+from orchestrator.router import NoReplicaAvailable, ReplicaRouter
+from orchestrator.session_directory import SessionDirectory, SessionRecord
+from protos import common_pb2, sessions_pb2, sessions_pb2_grpc
+
+log = logging.getLogger(__name__)
+
+RPC_TIMEOUT_S = 120.0
+
+
+class ReplicaLost(Exception):
+    """The session's replica is gone and no other could take the session."""
+
+
+def _lost(exc: grpc.RpcError) -> bool:
+    return exc.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
+
+
+class SessionsProxy(sessions_pb2_grpc.SessionsServicer):
+    def __init__(self, router: ReplicaRouter, directory: SessionDirectory, store: LifecycleStore) -> None:
+        self.router = router
+        self.directory = directory
+        self.store = store
+        self._stubs: dict[str, sessions_pb2_grpc.SessionsStub] = {}
+        self._rebuilding: dict[str, asyncio.Lock] = {}
+
+    def stub(self, address: str) -> sessions_pb2_grpc.SessionsStub:
+        if address not in self._stubs:
+            self._stubs[address] = sessions_pb2_grpc.SessionsStub(self.router.replica(address).channel)
+        return self._stubs[address]
+
+    # --- unary calls --------------------------------------------------------------------
+    async def CreateSession(self, request, context) -> sessions_pb2.CreateSessionResponse:
+        session_id = request.session_id or uuid.uuid4().hex[:12]
+        try:
+            replica = self.router.choose(f"session:{session_id}")
+        except NoReplicaAvailable as exc:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, str(exc))
+        if not await self._directory(context, self.directory.create(
+                session_id, replica.address, request.instructions, request.retention_tokens)):
+            await context.abort(grpc.StatusCode.ALREADY_EXISTS, f"session {session_id!r} already exists")
+        create = sessions_pb2.CreateSessionRequest(session_id=session_id, instructions=request.instructions,
+                                                   retention_tokens=request.retention_tokens)
+        try:
+            response = await self.stub(replica.address).CreateSession(create, timeout=RPC_TIMEOUT_S)
+        except grpc.RpcError as exc:
+            await self._directory(context, self.directory.delete(session_id))
+            await context.abort(exc.code(), exc.details() or str(exc))
+        await self.store.event(f"session:{session_id}", "CREATED", replica=replica.address)
+        response.session.replica = replica.address
+        return response
+
+    async def Ingest(self, request_iterator, context) -> sessions_pb2.IngestResponse:
+        """Each batch is forwarded on its own, then kept in the directory for a rebuild."""
+        session_id, batches, segments = "", 0, 0
+        response = None
+        async for message in request_iterator:
+            session_id = session_id or message.session_id
+            if not session_id:
+                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "the first Ingest message must name the session")
+            batch = sessions_pb2.IngestRequest(session_id=session_id, segments=message.segments)
+            response = await self._unary(context, session_id, lambda stub, b=batch: stub.Ingest(
+                iter([b]), timeout=RPC_TIMEOUT_S), keep=batch)
+            batches, segments = batches + 1, segments + len(batch.segments)
+        if response is None:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "an Ingest call needs at least one message")
+        await self.store.event(f"session:{session_id}", "INGESTED", batches=batches, segments=segments,
+                               data_version=response.data_version)
+        response.batches, response.segments = batches, segments
+        return response
+
+    async def RegisterFlashQuery(self, request, context) -> sessions_pb2.RegisterFlashQueryResponse:
+        response = await self._unary(context, request.session_id,
+                                     lambda stub: stub.RegisterFlashQuery(request, timeout=RPC_TIMEOUT_S))
+        await self._directory(context, self.directory.set_flash(request.session_id, request.question,
+                                                                request.max_tokens))
+        return response
+
+    async def UnregisterFlashQuery(self, request, context) -> sessions_pb2.UnregisterFlashQueryResponse:
+        response = await self._unary(context, request.session_id,
+                                     lambda stub: stub.UnregisterFlashQuery(request, timeout=RPC_TIMEOUT_S))
+        flash = await self._directory(context, self.directory.flash(request.session_id))
+        for question in set(flash) - set(response.questions):
+            await self._directory(context, self.directory.set_flash(request.session_id, question, None))
+        return response
+
+    async def DescribeSession(self, request, context) -> sessions_pb2.DescribeSessionResponse:
+        response = await self._unary(context, request.session_id,
+                                     lambda stub: stub.DescribeSession(request, timeout=RPC_TIMEOUT_S))
+        record = await self._record(context, request.session_id)
+        response.session.replica = record.replica
+        return response
+
+    async def ListSessions(self, request, context) -> sessions_pb2.ListSessionsResponse:
+        ids = await self._directory(context, self.directory.ids())
+        records = [r for r in await asyncio.gather(*(self.directory.get(i) for i in ids)) if r is not None]
+
+        async def describe(record: SessionRecord) -> sessions_pb2.SessionInfo:
+            try:
+                info = (await self.stub(record.replica).DescribeSession(
+                    sessions_pb2.DescribeSessionRequest(session_id=record.session_id), timeout=10)).session
+            except (grpc.RpcError, KeyError) as exc:
+                reason = exc.details() if isinstance(exc, grpc.RpcError) else str(exc)
+                info = sessions_pb2.SessionInfo(session_id=record.session_id, instructions=record.instructions,
+                                                data_version=record.data_version, state=f"unreachable: {reason}")
+            info.replica = record.replica
+            return info
+
+        return sessions_pb2.ListSessionsResponse(sessions=await asyncio.gather(*map(describe, records)))
+
+    async def CloseSession(self, request, context) -> sessions_pb2.CloseSessionResponse:
+        record = await self._record(context, request.session_id)
+        try:
+            response = await self.stub(record.replica).CloseSession(request, timeout=RPC_TIMEOUT_S)
+        except (grpc.RpcError, KeyError) as exc:   # its replica is gone: the session is gone with it
+            log.warning("closing session %s: its replica %s: %s", request.session_id, record.replica, exc)
+            response = sessions_pb2.CloseSessionResponse(session=sessions_pb2.SessionInfo(
+                session_id=request.session_id))
+        await self._directory(context, self.directory.delete(request.session_id))
+        await self.store.event(f"session:{request.session_id}", "CLOSED", replica=record.replica)
+        response.session.replica, response.session.state = record.replica, "closed"
+        return response
+
+    # --- streaming calls ----------------------------------------------------------------
+    async def Query(self, request, context) -> AsyncIterator[sessions_pb2.QueryResponse]:
+        request_id = request.request_id or f"query-{uuid.uuid4().hex[:12]}"
+        forward = sessions_pb2.QueryRequest()
+        forward.CopyFrom(request)
+        forward.request_id = request_id
+        record = await self._record(context, request.session_id)
+        await self.store.create(request_id, request.question, retriever="none", streamed=True,
+                                replica=record.replica)
+        await self.store.event(request_id, "SESSION_QUERY", session=request.session_id)
+        sent, text = False, []
+        for attempt in (0, 1):
+            try:
+                async for response in self.stub(record.replica).Query(forward, timeout=RPC_TIMEOUT_S):
+                    sent = True
+                    kind = response.WhichOneof("kind")
+                    if kind == "token":
+                        text.append(response.token.text)
+                    elif kind == "started":
+                        await self.store.event(request_id, "STARTED", data_version=response.started.data_version,
+                                               flash_hit=response.started.flash_hit)
+                    elif kind == "done":
+                        await self._record_done(request_id, record.replica, response.done)
+                    yield response
+                return
+            except grpc.RpcError as exc:
+                if attempt or sent or not self._needs_rebuild(exc, record):
+                    await self.store.update(request_id, state="FAILED", error=exc.details() or str(exc))
+                    await context.abort(exc.code(), exc.details() or str(exc))
+                record = await self._rebuild_or_abort(context, record, exc)
+                await self.store.update(request_id, replica=record.replica)
+
+    async def Subscribe(self, request, context) -> AsyncIterator[sessions_pb2.SubscribeResponse]:
+        record = await self._record(context, request.session_id)
+        forward = sessions_pb2.SubscribeRequest()
+        forward.CopyFrom(request)
+        while True:
+            try:
+                async for event in self.stub(record.replica).Subscribe(forward):
+                    yield event
+                return
+            except grpc.RpcError as exc:
+                if not self._needs_rebuild(exc, record):
+                    await context.abort(exc.code(), exc.details() or str(exc))
+                record = await self._rebuild_or_abort(context, record, exc)
+                forward.replay_current = True      # the answers the new replica has, then onwards
+
+    # --- forwarding and rebuilding ------------------------------------------------------
+    async def _unary(self, context, session_id: str, call: Callable[[Any], Awaitable[Any]],
+                     keep: sessions_pb2.IngestRequest | None = None):
+        """Forward one call to the session's replica (rebuilding it once if it is lost). `keep`: an
+        ingest batch, recorded in the directory once the replica accepted it."""
+        record = await self._record(context, session_id)
+        try:
+            response = await call(self.stub(record.replica))
+        except grpc.RpcError as exc:
+            if not self._needs_rebuild(exc, record):
+                await context.abort(exc.code(), exc.details() or str(exc))
+            if keep is not None:     # the rebuild ingests it with the rest
+                await self._keep(context, keep, record.data_version + 1)
+            record = await self._rebuild_or_abort(context, record, exc)
+            if keep is not None:
+                return sessions_pb2.IngestResponse(session_id=session_id, data_version=record.data_version)
+            try:
+                response = await call(self.stub(record.replica))
+            except grpc.RpcError as again:
+                await context.abort(again.code(), again.details() or str(again))
+        if keep is not None:
+            await self._keep(context, keep, response.data_version)
+        return response
+
+    async def _keep(self, context, batch: sessions_pb2.IngestRequest, data_version: int) -> None:
+        texts = [s.text if s.HasField("text") else "" for s in batch.segments]
+        await self._directory(context, self.directory.add_batch(batch.session_id, texts, data_version))
+
+    def _needs_rebuild(self, exc: grpc.RpcError, record: SessionRecord) -> bool:
+        """Lost replica, or a replica that no longer knows a session the directory holds (it restarted)."""
+        return _lost(exc) or (exc.code() is grpc.StatusCode.NOT_FOUND and "no session" in (exc.details() or ""))
+
+    async def _rebuild_or_abort(self, context, record: SessionRecord, cause: grpc.RpcError) -> SessionRecord:
+        try:
+            return await self.rebuild(record, cause)
+        except ReplicaLost as exc:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, str(exc))
+        except StoreUnavailable as exc:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, str(exc))
+
+    async def rebuild(self, record: SessionRecord, cause: grpc.RpcError) -> SessionRecord:
+        """Recreate the session on a live replica from the directory (one rebuild at a time per session)."""
+        lock = self._rebuilding.setdefault(record.session_id, asyncio.Lock())
+        async with lock:
+            current = await self.directory.get(record.session_id)
+            if current is None:
+                raise ReplicaLost(f"session {record.session_id!r} was closed")
+            if current.replica != record.replica:      # another call rebuilt it meanwhile
+                return current
+            if _lost(cause):
+                self.router.mark_failed(record.replica, f"session call failed: {cause.details()}")
+            try:
+                replica = self.router.choose(f"session:{record.session_id}",
+                                             exclude={record.replica} if _lost(cause) else set())
+            except NoReplicaAvailable as exc:
+                raise ReplicaLost(f"session {record.session_id!r}: its replica {record.replica} is lost "
+                                  f"({cause.details()}) and no replica can take it over: {exc}") from exc
+            stub = self.stub(replica.address)
+            batches = await self.directory.batches(record.session_id)
+            try:
+                await stub.CreateSession(sessions_pb2.CreateSessionRequest(
+                    session_id=record.session_id, instructions=record.instructions,
+                    retention_tokens=record.retention_tokens), timeout=RPC_TIMEOUT_S)
+                version = 0
+                if batches:
+                    version = (await stub.Ingest(iter([
+                        sessions_pb2.IngestRequest(session_id=record.session_id,
+                                                   segments=[common_pb2.Segment(text=t) for t in batch])
+                        for batch in batches]), timeout=RPC_TIMEOUT_S)).data_version
+                for question, max_tokens in (await self.directory.flash(record.session_id)).items():
+                    await stub.RegisterFlashQuery(sessions_pb2.RegisterFlashQueryRequest(
+                        session_id=record.session_id, question=question, max_tokens=max_tokens),
+                        timeout=RPC_TIMEOUT_S)
+            except grpc.RpcError as exc:
+                if _lost(exc):
+                    self.router.mark_failed(replica.address, f"session rebuild failed: {exc.details()}")
+                with contextlib.suppress(grpc.RpcError):   # leave nothing half-built behind
+                    await stub.CloseSession(sessions_pb2.CloseSessionRequest(session_id=record.session_id),
+                                            timeout=10)
+                raise ReplicaLost(f"session {record.session_id!r}: its replica {record.replica} is lost "
+                                  f"({cause.details()}); rebuilding it on {replica.address} failed: "
+                                  f"{exc.details()}") from exc
+            await self.directory.set_replica(record.session_id, replica.address)
+            await self.store.event(f"session:{record.session_id}", "REBUILT", lost=record.replica,
+                                   replica=replica.address, batches=len(batches), cause=cause.details())
+            log.warning("session %s rebuilt on %s (%d batches) after %s: %s", record.session_id, replica.address,
+                        len(batches), record.replica, cause.details())
+            return SessionRecord(record.session_id, replica.address, record.instructions, record.retention_tokens,
+                                 version)
+
+    async def _record(self, context, session_id: str) -> SessionRecord:
+        if not session_id:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "session_id must not be empty")
+        record = await self._directory(context, self.directory.get(session_id))
+        if record is None:
+            await context.abort(grpc.StatusCode.NOT_FOUND, f"no session {session_id!r}")
+        return record
+
+    @staticmethod
+    async def _directory(context, awaitable):
+        try:
+            return await awaitable
+        except StoreUnavailable as exc:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, str(exc))
+
+    async def _record_done(self, request_id: str, replica: str, done: sessions_pb2.QueryDone) -> None:
+        await self.store.event(request_id, "FINISHED", flash_hit=done.flash_hit, data_version=done.data_version)
+        await self.store.update(request_id, state="FINISHED", answer=done.text, replica=replica,
+                                ttft_from_question_s=done.ttft_ms / 1e3, stats=done.stats)
