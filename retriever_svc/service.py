@@ -100,18 +100,26 @@ class RetrieverServicer(retriever_pb2_grpc.RetrieverServicer):
         started = time.monotonic()
         seq = 0
         chunks = self.backend.retrieve(query)
+        deadline = asyncio.get_running_loop().time() + query.deadline_s
         try:
-            async with asyncio.timeout(query.deadline_s):
-                async for chunk in chunks:
-                    chunk.seq = seq
-                    chunk.emitted_unix_ms = int(time.time() * 1000)
-                    if seq == 0:
-                        self.metrics.first_chunk.observe(time.monotonic() - started)
-                    self.metrics.chunks.labels(retriever_pb2.ChunkMode.Name(chunk.mode)).inc()
-                    seq += 1
-                    yield retriever_pb2.RetrieveResponse(chunk=chunk)
-                    if chunk.final:
-                        break
+            while True:
+                # The deadline bounds the wait for the backend's next chunk, never the `yield`: a
+                # cancellation landing while gRPC writes a response would escape the timeout and
+                # leave the call without its final chunk.
+                try:
+                    async with asyncio.timeout_at(deadline):
+                        chunk = await anext(chunks)
+                except StopAsyncIteration:
+                    break
+                chunk.seq = seq
+                chunk.emitted_unix_ms = int(time.time() * 1000)
+                if seq == 0:
+                    self.metrics.first_chunk.observe(time.monotonic() - started)
+                self.metrics.chunks.labels(retriever_pb2.ChunkMode.Name(chunk.mode)).inc()
+                seq += 1
+                yield retriever_pb2.RetrieveResponse(chunk=chunk)
+                if chunk.final:
+                    break
         except TimeoutError:
             # The deadline passed: what was emitted stands. An empty APPEND marks the end without
             # changing the caller's document list in either mode.
