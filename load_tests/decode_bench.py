@@ -29,11 +29,12 @@ import json
 import random
 import re
 import statistics
-import sys
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
+
+from servicekit.progress import say
 
 QUESTIONS = Path(__file__).with_name("quality_questions.jsonl")
 DOCS_ROOT = Path("/usr/share/doc/python3.11/html")
@@ -57,9 +58,6 @@ FREE_PROMPTS = (
 )
 MODES = ("off", "2", "4", "8", "auto")
 
-
-def _say(message: str) -> None:
-    print(message, file=sys.stderr, flush=True)
 
 
 @dataclass(frozen=True)
@@ -246,7 +244,7 @@ def measure_verify_cost(runner, context: int, batches: list[int], depths: list[i
                    "step_ms_max": max(times), "vs_plain": ms / plain_ms if plain_ms else None,
                    "per_draft_token": (ms / plain_ms - 1) / k if plain_ms and k else None}
             results.append(row)
-            _say(f"verify cost: batch {batch} context {context} k={k}: {ms:7.1f} ms "
+            say(f"verify cost: batch {batch} context {context} k={k}: {ms:7.1f} ms "
                  f"({row['vs_plain'] or 1:.2f}x plain)")
     return results
 
@@ -327,7 +325,7 @@ def run_bench_decode(args: argparse.Namespace) -> int:
     makers = {"rag": rag_prompts, "free": free_prompts}
     concurrencies = [int(c) for c in args.concurrency.split(",")]
     runs = []
-    _say(f"decode bench: {spec.dtype}, modes {modes}, concurrency {concurrencies}, seeds {args.seeds}")
+    say(f"decode bench: {spec.dtype}, modes {modes}, concurrency {concurrencies}, seeds {args.seeds}")
     for seed in (int(s) for s in args.seeds.split(",")):
         for workload in args.workloads.split(","):
             prompts = makers[workload](chat, max(concurrencies), random.Random(seed))
@@ -338,7 +336,7 @@ def run_bench_decode(args: argparse.Namespace) -> int:
                                       f"s{seed}-{workload}-c{concurrency}-{mode}")
                     result.update(seed=seed, workload=workload, concurrency=concurrency, mode=mode)
                     runs.append(result)
-                    _say(f"seed {seed} {workload} c={concurrency} {mode:>4}: {result['tokens_per_s']:6.1f} tok/s "
+                    say(f"seed {seed} {workload} c={concurrency} {mode:>4}: {result['tokens_per_s']:6.1f} tok/s "
                          f"acceptance {result['acceptance']:.2f} answer {result['answer_tokens']:.0f} tokens "
                          f"({time.perf_counter() - started:.1f}s)")
                     if args.json:   # after every run, so an interrupted benchmark keeps what it measured

@@ -65,6 +65,7 @@ from load_tests.plots import write_plots
 from load_tests.report import BASELINE_ONCE_KEYS, PAIR_KEYS, add_speedups, render_report, summarize_run
 from retriever_svc.stability import stability_hints
 from retriever_svc.trace import TraceDocument, TraceQuery, read_trace
+from servicekit.progress import say
 
 ENGINE = "native"
 ENGINES = ("native", "vllm")
@@ -633,13 +634,10 @@ def add_bench_replay_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", type=Path, required=True, help="output directory")
 
 
-def _say_stderr(line: str) -> None:
-    print(line, file=sys.stderr, flush=True)
-
 
 def run_bench_replay(args: argparse.Namespace) -> int:
     try:
-        summary = _finite(run_benchmark(args, _say_stderr))
+        summary = _finite(run_benchmark(args, say))
     except (ValueError, OSError, RuntimeError) as exc:       # RuntimeError: a vLLM service that did not start
         print(f"error: {exc}", file=sys.stderr)
         return 1

@@ -42,7 +42,6 @@ import json
 import os
 import random
 import statistics
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -51,6 +50,7 @@ from pathlib import Path
 from typing import Any
 
 from load_tests.seeds import spread
+from servicekit.progress import say
 
 INSTRUCTIONS = ("You are monitoring the server log in the data below. Answer the question about it "
                 "briefly, quoting the host, time or status code that answers it.")
@@ -77,9 +77,6 @@ BATCH_SEGMENTS = 4              # segments per ingest batch (one data version)
 METRICS = ("session_query_ttft_ms", "session_query_server_ttft_ms", "generate_ttft_ms", "prefix_cache_ttft_ms",
            "flash_hit_ms", "flash_hit_server_ms", "vllm_prefix_cache_ttft_ms")
 
-
-def _say(message: str) -> None:
-    print(message, file=sys.stderr, flush=True)
 
 
 # --- the data ---------------------------------------------------------------------------------
@@ -355,7 +352,7 @@ def run_seed(client: SessionsClient, seed: int, points: Sequence[int], args: arg
                                     random.Random(f"{seed}-{target}-{i}"))
                 run.update(seed=seed, point=target, context_tokens=client.describe(session_id).computed_tokens)
                 ingestion.append(run)
-                _say(f"  seed {seed} -> {run['context_tokens']} tokens: ingested {run['tokens']} in "
+                say(f"  seed {seed} -> {run['context_tokens']} tokens: ingested {run['tokens']} in "
                      f"{run['seconds']:.1f}s ({run['tokens_per_s']:.0f} tok/s"
                      + (f", {run['queries']} queries meanwhile, TTFT p50 {run['query_ttft_ms']:.0f} ms)"
                         if with_queries and run['queries'] else ")"))
@@ -395,7 +392,7 @@ def run_seed(client: SessionsClient, seed: int, points: Sequence[int], args: arg
                 "flash_answer": flash.answer,
             }
             rows.append(row)
-            _say(f"seed {seed} {context:>5} tokens: session query {row['session_query_ttft_ms']:7.1f} ms | Generate "
+            say(f"seed {seed} {context:>5} tokens: session query {row['session_query_ttft_ms']:7.1f} ms | Generate "
                  f"{cold_ms:8.1f} ms | prefix cache {row['prefix_cache_ttft_ms']:6.1f} ms | Flash hit "
                  f"{row['flash_hit_ms']:5.2f} ms (server {row['flash_hit_server_ms']:.2f}) | shared "
                  f"{row['session_shared_tokens']}/{row['session_context_tokens']}")
@@ -418,7 +415,7 @@ def _vllm_prefix_cache(args: argparse.Namespace, model_dir: Path, contexts: dict
         return f"no vLLM interpreter ({python or '/opt/vllm-venv/bin/python'} missing)"
     from inference_svc.vllm_backend.launch import start_vllm_service
 
-    _say(f"starting the vLLM inference service ({python})")
+    say(f"starting the vLLM inference service ({python})")
     try:
         service = start_vllm_service(model_dir, dtype=args.resolved_dtype, device=args.device, metrics_port=0,
                                      python=python, timeout_s=900)
@@ -434,7 +431,7 @@ def _vllm_prefix_cache(args: argparse.Namespace, model_dir: Path, contexts: dict
             client.generate(client.segments(tag + INSTRUCTIONS, data, questions[0]))      # fills the cache
             warm = [client.generate(client.segments(tag + INSTRUCTIONS, data, q))[0] for q in questions[1:]]
             row["vllm_prefix_cache_ttft_ms"] = statistics.median(warm)
-            _say(f"vLLM seed {row['seed']} {row['context_tokens']:>5} tokens: prefix cache "
+            say(f"vLLM seed {row['seed']} {row['context_tokens']:>5} tokens: prefix cache "
                  f"{row['vllm_prefix_cache_ttft_ms']:.1f} ms")
     finally:
         client.close()
@@ -629,7 +626,7 @@ def run_bench_sessions(args: argparse.Namespace) -> int:
     def count_tokens(text: str) -> int:
         return len(tokenizer.encode(text, add_special_tokens=False))
 
-    _say(f"sessions bench: {spec.dtype}, points {points}, seeds {seeds}; starting the inference service")
+    say(f"sessions bench: {spec.dtype}, points {points}, seeds {seeds}; starting the inference service")
     service = InProcessInference(spec, max_streams=64)
     client = SessionsClient(service.address)
     rows: list[dict[str, Any]] = []
@@ -661,7 +658,7 @@ def run_bench_sessions(args: argparse.Namespace) -> int:
             rows.extend(seed_rows)
             ingestion_runs.extend(seed_ingestion)
             contexts.update({(seed, p): c for p, c in zip(points, seed_contexts, strict=True)})
-            _say(f"seed {seed} done ({time.perf_counter() - started:.0f}s)")
+            say(f"seed {seed} done ({time.perf_counter() - started:.0f}s)")
             if args.json:       # after every seed, so an interrupted benchmark keeps what it measured
                 args.json.write_text(json.dumps(result(), indent=2) + "\n")
     finally:
@@ -669,7 +666,7 @@ def run_bench_sessions(args: argparse.Namespace) -> int:
         service.stop()
     vllm_note = _vllm_prefix_cache(args, model_dir, contexts, rows)
     if vllm_note:
-        _say(f"vLLM baseline skipped: {vllm_note}")
+        say(f"vLLM baseline skipped: {vllm_note}")
     out = result(vllm_note)
     print(format_table(out["points"]))
     print()
@@ -688,7 +685,7 @@ def run_bench_sessions(args: argparse.Namespace) -> int:
     if plot:
         write_plot(out["points"], plot, f"Session query vs Generate TTFT ({model_dir.name}, {spec.dtype}, "
                                         f"{len(seeds)} seeds, {os.cpu_count()} CPUs)")
-        _say(f"plot: {plot}")
+        say(f"plot: {plot}")
     return 0
 
 

@@ -11,7 +11,6 @@ imports nothing heavy: the tokenizer and the passage store load when the command
 from __future__ import annotations
 
 import argparse
-import sys
 from dataclasses import replace
 from pathlib import Path
 
@@ -29,6 +28,7 @@ from load_tests.synth.synthesize import (
 from load_tests.synth.tokens import ApproxTokenCounter, DocTokens, EmbeddedTokenCounter, TokenCounter
 from load_tests.synth.trace_stats import measure_trace, statistics_table, trace_statistics
 from retriever_svc.trace import write_trace
+from servicekit.progress import say
 
 
 def add_trace_synth_args(parser: argparse.ArgumentParser) -> None:
@@ -60,9 +60,6 @@ def add_trace_synth_args(parser: argparse.ArgumentParser) -> None:
                              "words-and-punctuation approximation (faster, no model needed)")
 
 
-def _say_stderr(line: str) -> None:
-    print(line, file=sys.stderr, flush=True)
-
 
 def _load_pool(args: argparse.Namespace) -> tuple[PassagePool, Path, str]:
     """The passage pool (with its token counter), the store's path and its corpus name."""
@@ -91,7 +88,7 @@ def run_trace_synth(args: argparse.Namespace) -> int:
         params.check()
         pool, passages_path, corpus = _load_pool(args)
     except (OSError, ValueError, ImportError) as exc:
-        _say_stderr(f"error: {exc}")
+        say(f"error: {exc}")
         return 2
     counter = pool.counter
     queries = synthesize(params, pool)
@@ -106,7 +103,7 @@ def run_trace_synth(args: argparse.Namespace) -> int:
     capped = sum(1 for q in queries if q.meta.get("capped"))
     print(f"{params.workload} trace: {len(queries)} queries, seed {params.seed}, tokens by {counter.name}")
     print(statistics_table(params.workload, stats, params.token_scale, params.time_scale, capped))
-    _say_stderr(f"wrote {len(queries)} queries to {args.out}")
+    say(f"wrote {len(queries)} queries to {args.out}")
     return 0
 
 
@@ -124,10 +121,10 @@ def run_trace_stats(args: argparse.Namespace) -> int:
     try:
         queries = read_trace(args.trace).queries
     except TraceFormatError as exc:
-        _say_stderr(f"error: {exc}")
+        say(f"error: {exc}")
         return 2
     if not queries:
-        _say_stderr(f"error: {args.trace} holds no queries")
+        say(f"error: {args.trace} holds no queries")
         return 2
     counter: TokenCounter = EmbeddedTokenCounter.load() if args.tokenizer == "embedded" else ApproxTokenCounter()
     stats = trace_statistics(queries, measure_trace(queries, DocTokens(counter)))

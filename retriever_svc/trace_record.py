@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -25,6 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from retriever_svc.trace import TraceChunk, TraceDocument, TraceHeader, TraceQuery, TraceStage, TraceWriter, check_query
+from servicekit.progress import say
 
 if TYPE_CHECKING:
     from protos import retriever_pb2
@@ -56,28 +56,25 @@ def add_trace_record_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--workload", default=None, help="workload label (default: the retriever's kind)")
 
 
-def _say_stderr(line: str) -> None:
-    print(line, file=sys.stderr, flush=True)
-
 
 def run_trace_record(args: argparse.Namespace) -> int:
     """Entry point for `streamrag trace record`: 0 all recorded, 1 some failed, 2 bad arguments."""
     try:
         queries = load_queries(args.queries)
     except (OSError, ValueError) as exc:
-        _say_stderr(f"error: {exc}")
+        say(f"error: {exc}")
         return 2
     if not queries:
-        _say_stderr("error: no queries given")
+        say("error: no queries given")
         return 2
     args.out.parent.mkdir(parents=True, exist_ok=True)
     try:
         result = asyncio.run(record_trace(args.retriever, queries, args.out, top_k=args.top_k,
                                           deadline_ms=args.deadline_ms, workload=args.workload))
     except ConnectionError as exc:
-        _say_stderr(f"error: {exc}")
+        say(f"error: {exc}")
         return 1
-    _say_stderr(f"wrote {result.recorded} queries to {args.out}"
+    say(f"wrote {result.recorded} queries to {args.out}"
                 + (f"; {result.failed} failed and were left out" if result.failed else ""))
     return 1 if result.failed else 0
 
@@ -161,7 +158,7 @@ def _progress(i: int, n: int, q: TraceQuery) -> str:
 
 
 async def record_trace(address: str, queries: Sequence[QueryToRecord], out: Path, *, top_k: int = 0,
-                       deadline_ms: int = 0, workload: str | None = None, say: Say = _say_stderr) -> RecordResult:
+                       deadline_ms: int = 0, workload: str | None = None, say: Say = say) -> RecordResult:
     """Record every query against the Retriever at `address` into `out`; ConnectionError if it cannot be reached."""
     import grpc
 

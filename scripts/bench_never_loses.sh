@@ -5,7 +5,10 @@
 # Uses the traces of `scripts/bench_paper.sh OUT traces` (made here if missing).
 #
 #   bash scripts/bench_never_loses.sh [OUT_DIR] [STEP...]
-#   steps: anns anns-before crawler-high crawler-high-before  (default: all four)
+#   steps: anns anns-before crawler-high crawler-high-before  (default: these four)
+#          anns-sweep crawler-sweep    the other QPS levels of the paper's load sweep (fcfs, cost)
+#          pressure-anns pressure-crawler   fcfs under memory pressure, every eviction mode
+#          anns-t10                    sensitivity: ANNS with time x10 (windows 3.3x longer than a step)
 #   SEEDS="0 1 2" by default; each (step, seed) writes OUT/<step>/seed-<s>/, and
 #   OUT/<step>/seeds.md holds the median and min-max spread over the seeds (load_tests/seeds.py).
 # Holds /tmp/streamrag-cpu.lock for the whole run (so two benchmarks never share the cores and
@@ -33,12 +36,23 @@ for step in $STEPS; do
     anns-before)         args=(--trace "$OUT/anns.jsonl" --qps 0.333 "${BEFORE[@]}") ;;
     crawler-high)        args=(--trace "$OUT/crawler-120.jsonl" --qps 1.333) ;;
     crawler-high-before) args=(--trace "$OUT/crawler-120.jsonl" --qps 1.333 "${BEFORE[@]}") ;;
+    anns-sweep)          args=(--trace "$OUT/anns.jsonl" --qps 0.167 --qps 0.667) ;;
+    crawler-sweep)       args=(--trace "$OUT/crawler.jsonl" --qps 0.167 --qps 0.333 --qps 0.667) ;;
+    # Same pools and stretch as bench_paper.sh's pressure steps; args come after COMMON, so their --eviction wins.
+    pressure-anns)       args=(--trace "$OUT/anns.jsonl" --qps 0.667 --kv-device-blocks 160 --delay-multiplier 10
+                               --eviction recompute,swap,cost) ;;
+    pressure-crawler)    args=(--trace "$OUT/crawler.jsonl" --qps 1.333 --kv-device-blocks 256
+                               --eviction recompute,swap,cost) ;;
+    anns-t10)
+      [[ -f "$OUT/anns-t10.jsonl" ]] || $SR trace synth --workload anns --queries 30 --token-scale 0.05 \
+        --time-scale 10 --seed 1 --out "$OUT/anns-t10.jsonl"
+      args=(--trace "$OUT/anns-t10.jsonl" --qps 0.2) ;;
     *) echo "unknown step: $step" >&2; exit 2 ;;
   esac
   runs=()
   for seed in $SEEDS; do
     echo "== $step, seed $seed"
-    $SR bench replay "${args[@]}" "${COMMON[@]}" --seed "$seed" \
+    $SR bench replay "${COMMON[@]}" "${args[@]}" --seed "$seed" \
       --out "$OUT/$step/seed-$seed"
     runs+=("$OUT/$step/seed-$seed")
   done
