@@ -2,7 +2,7 @@
 # "Streaming never loses" (issue 13): streaming against non-streaming with the product's
 # defaults (fcfs, cost eviction, speculative tier, stability hints, stable document order),
 # and the same with those three features off ("before"), each with three arrival seeds.
-# Uses the traces of `scripts/bench_paper.sh OUT traces` (made here if missing).
+# Uses the traces of `scripts/bench_paper.sh OUT traces` (made here if missing; PASSAGES=FILE as there).
 #
 #   bash scripts/bench_never_loses.sh [OUT_DIR] [STEP...]
 #   steps: anns anns-before crawler-high crawler-high-before  (default: these four)
@@ -44,7 +44,7 @@ for step in $STEPS; do
     pressure-crawler)    args=(--trace "$OUT/crawler.jsonl" --qps 1.333 --kv-device-blocks 256
                                --eviction recompute,swap,cost) ;;
     anns-t10)
-      [[ -f "$OUT/anns-t10.jsonl" ]] || $SR trace synth --workload anns --queries 30 --token-scale 0.05 \
+      [[ -f "$OUT/anns-t10.jsonl" ]] || $SR trace synth ${PASSAGES:+--passages "$PASSAGES"} --workload anns --queries 30 --token-scale 0.05 \
         --time-scale 10 --seed 1 --out "$OUT/anns-t10.jsonl"
       args=(--trace "$OUT/anns-t10.jsonl" --qps 0.2) ;;
     *) echo "unknown step: $step" >&2; exit 2 ;;

@@ -20,6 +20,9 @@ shift || true
 STEPS=${*:-traces crawler crawler-high anns pressure-crawler pressure-anns}
 QUERIES=${QUERIES:-30}
 SR=${SR:-.venv/bin/streamrag}
+# The traces draw passages from the default index's store; PASSAGES=FILE names another passages.sqlite
+# (for example one written without embedding the corpus), which gives the same traces for the same corpus.
+SYNTH=(${PASSAGES:+--passages "$PASSAGES"})
 COMMON=(--token-budget 256 --dtype auto)   # auto: bf16 where the CPU has it natively, else fp32
 mkdir -p "$OUT"
 
@@ -27,12 +30,12 @@ for step in $STEPS; do
   echo "== $step"
   case $step in
     traces)
-      $SR trace synth --workload crawler --queries "$QUERIES" --token-scale 0.05 --time-scale 3 --seed 1 \
+      $SR trace synth "${SYNTH[@]}" --workload crawler --queries "$QUERIES" --token-scale 0.05 --time-scale 3 --seed 1 \
         --out "$OUT/crawler.jsonl"
-      $SR trace synth --workload anns --queries "$QUERIES" --token-scale 0.05 --time-scale 3 --seed 1 \
+      $SR trace synth "${SYNTH[@]}" --workload anns --queries "$QUERIES" --token-scale 0.05 --time-scale 3 --seed 1 \
         --out "$OUT/anns.jsonl"
       # 120 queries: at high load the arrivals must outlast a query's 30 s retrieval (steady state)
-      $SR trace synth --workload crawler --queries 120 --token-scale 0.05 --time-scale 3 --seed 2 \
+      $SR trace synth "${SYNTH[@]}" --workload crawler --queries 120 --token-scale 0.05 --time-scale 3 --seed 2 \
         --out "$OUT/crawler-120.jsonl" ;;
     crawler)            # paper QPS 0.5, 1, 2, 4
       $SR bench replay --trace "$OUT/crawler.jsonl" --qps 0.167 --qps 0.333 --qps 0.667 --qps 1.333 \
@@ -41,7 +44,7 @@ for step in $STEPS; do
       $SR bench replay --trace "$OUT/crawler-120.jsonl" --qps 1.333 --qps 1.667 \
         --policies fcfs --eviction cost "${COMMON[@]}" --out "$OUT/crawler-high" ;;
     anns-t10)           # sensitivity: ANNS with time x10 (windows 3.3x longer against a step), paper QPS 2
-      $SR trace synth --workload anns --queries "$QUERIES" --token-scale 0.05 --time-scale 10 --seed 1 \
+      $SR trace synth "${SYNTH[@]}" --workload anns --queries "$QUERIES" --token-scale 0.05 --time-scale 10 --seed 1 \
         --out "$OUT/anns-t10.jsonl"
       $SR bench replay --trace "$OUT/anns-t10.jsonl" --qps 0.2 \
         --policies fcfs --eviction cost "${COMMON[@]}" --out "$OUT/anns-t10" ;;
