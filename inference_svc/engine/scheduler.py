@@ -11,6 +11,8 @@ partial tier gets what they leave, but never more than `speculative_share` of th
 budget per step — a prompt that becomes complete waits behind at most that slice — and,
 while complete work saturates the budget, still `speculative_reserve_share` of it, so partial
 prompts progress at saturation instead of arriving at their last chunk with everything left.
+A step that prefills a complete prompt gives the partial tier only that reserve: the prompt's
+first token waits for its whole step, so the step holds its tokens and little more.
 Not-chosen partial requests are also the first eviction victims.
 
 Phase 2 acquires resources for the chosen requests in rank order: swap-in, prefix-cache
@@ -248,6 +250,10 @@ class Scheduler:
         reserved = min(self.config.speculative_reserve, cap, sum(max(r.num_schedulable_tokens, 0) for r in partial))
         budget_left, capacity = self._fill(complete, budget - reserved, capacity, chosen, not_chosen)
         partial_budget = min(cap, budget_left + reserved)
+        if any(not r.is_decoding for r, _ in chosen):
+            # A complete prompt prefills this step, and its first token waits for the whole step:
+            # the partial tier gets only the reserve, so the step is its tokens and little more.
+            partial_budget = min(partial_budget, reserved)
         if chosen and partial[-1].sched_class is SchedClass.INGEST:
             # Complete work runs this step: session ingestion gets only the reserve, so the step that
             # carries a session query (or a decode) stays short; ingestion still progresses.

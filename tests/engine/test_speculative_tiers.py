@@ -67,6 +67,23 @@ def test_partial_prompts_progress_while_complete_ones_saturate_the_budget(policy
     assert engine.requests["partial"].num_computed_tokens >= 10 * 4 - 4
 
 
+@pytest.mark.parametrize("policy", POLICY_CHOICES)
+def test_a_step_that_prefills_a_complete_prompt_holds_only_the_reserve_of_speculative_work(policy):
+    engine = fake_engine(policy=policy, budget=64, device_blocks=256, speculative_share=0.5,
+                         speculative_reserve_share=0.0625)
+    for i in range(3):
+        engine.open(f"partial-{i}", text(300, chr(ord("a") + i)), ONE)
+    engine.open("complete", text(10, "z"), SamplingParams(max_tokens=4))
+    engine.finish("complete")
+    (out,) = step_plans(engine, 1)
+    scheduled = {c.request.request_id: c.num_tokens for c in out.chunks}
+    assert scheduled["complete"] == engine.requests["complete"].num_prompt_tokens
+    assert partial_tokens(out) == 4                   # the reserve, not the 32-token slice
+    (after,) = step_plans(engine, 1)                  # a decode step: the partial tier gets the slice again
+    assert [c.request.request_id for c in after.chunks if c.request.context_complete] == ["complete"]
+    assert partial_tokens(after) == 32
+
+
 def test_without_complete_work_the_partial_tier_is_capped_by_the_slice_alone():
     engine = fake_engine(budget=32, device_blocks=256, speculative_share=0.375, speculative_reserve_share=0.125)
     engine.open("a", text(100, "a"), ONE)
