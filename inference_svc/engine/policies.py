@@ -7,7 +7,10 @@ class here and listing it in `POLICIES`; the scheduler does not change.
 - `default`: vLLM-like. Requests holding device KV keep their admission order; waiting
   requests follow, preempted ones at the front (most recently preempted first), then by
   arrival. Eviction takes the last admitted first (LIFO). The paper's vLLM-S.
-- `fcfs`: complete-context tier first, then partial; each tier by arrival.
+- `fcfs`: complete-context tier first, then partial. A complete prompt is served in the order
+  its context completed, which is the order a non-streaming server receives the same prompts in,
+  so streaming never puts a prompt behind one that non-streaming would serve after it; partial
+  prompts by arrival. Without streaming (context complete at arrival) this is arrival order.
 - `lcas`: the same two tiers, most recent chunk arrival first; a request passed over for
   longer than `starvation_s` jumps ahead of both tiers (oldest starved first).
 - `mcps`: most computed tokens first, ties by arrival.
@@ -98,8 +101,15 @@ class FCFSPolicy(Policy):
     name = "fcfs"
 
     def order(self, requests: Sequence[Request], ctx: PolicyContext) -> list[Request]:
-        # key (not context_complete, arrival_time)
-        return _tiered(sorted(requests, key=_arrival))
+        # key (not context_complete, last_chunk_arrival_time if complete else arrival_time, arrival_time)
+        ranked = sorted(requests, key=_arrival)
+        complete = [r for r in ranked if r.context_complete]
+        if not complete:
+            return ranked
+        complete.sort(key=_last_chunk_arrival)
+        if len(complete) == len(ranked):
+            return complete
+        return complete + [r for r in ranked if not r.context_complete]
 
 
 class LCASPolicy(Policy):

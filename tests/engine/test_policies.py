@@ -112,24 +112,31 @@ def _tiered_mix() -> list[Request]:
     ]
 
 
-def test_fcfs_complete_tier_before_partial_each_by_arrival():
-    """Complete-context requests first, then partial; within each tier, earliest arrival first."""
+def test_fcfs_complete_tier_by_completion_then_partial_by_arrival():
+    """Complete-context requests first, in the order their context completed (c3 at 50, c5 at 60,
+    c4 at 80: the order a non-streaming server would receive them in); then partial, by arrival."""
     ranked = FCFSPolicy().order(shuffled(_tiered_mix()), CTX)
-    assert ids(ranked) == ["c3", "c4", "c5", "p1", "p2", "p6"]
+    assert ids(ranked) == ["c3", "c5", "c4", "p1", "p2", "p6"]
+
+
+def test_fcfs_without_streaming_is_arrival_order():
+    """Prompts complete at arrival (non-streaming) are served first come, first served."""
+    prompts = [req(f"r{i}", float(i), context_complete=True, last_chunk_arrival_time=float(i)) for i in range(5)]
+    assert ids(FCFSPolicy().order(shuffled(prompts), CTX)) == ["r0", "r1", "r2", "r3", "r4"]
 
 
 def test_fcfs_ignores_chunk_recency_and_progress():
-    """Neither a fresh chunk nor computed tokens move a request within its tier."""
+    """Among partial prompts neither a fresh chunk nor computed tokens move a request: arrival order."""
     old = req("old", 1.0, last_chunk_arrival_time=99.0, num_computed_tokens=0)
     new = req("new", 2.0, last_chunk_arrival_time=3.0, num_computed_tokens=5000)
     assert ids(FCFSPolicy().order([new, old], CTX)) == ["old", "new"]
 
 
 def test_fcfs_eviction_is_reverse_scheduling_order():
-    """Eviction takes the last partial arrival first and the earliest complete request last."""
+    """Eviction takes the last partial arrival first and the first completed request last."""
     policy = FCFSPolicy()
     evict = policy.eviction_order(policy.order(shuffled(_tiered_mix()), CTX))
-    assert ids(evict) == ["p6", "p2", "p1", "c5", "c4", "c3"]
+    assert ids(evict) == ["p6", "p2", "p1", "c4", "c5", "c3"]
 
 
 # --- lcas ---------------------------------------------------------------------------------
