@@ -6,7 +6,8 @@
 #
 #   bash scripts/bench_never_loses.sh [OUT_DIR] [STEP...]
 #   steps: anns anns-before crawler-high crawler-high-before  (default: these four)
-#          anns-sweep crawler-sweep    the other QPS levels of the paper's load sweep (fcfs, cost)
+#          anns-sweep crawler-sweep    the other QPS levels of the paper's load sweep (fcfs, cost);
+#          anns-low anns-high          anns-sweep's two levels (QPS 0.167, 0.667) one at a time
 #          pressure-anns pressure-crawler   fcfs under memory pressure, every eviction mode
 #          anns-t10                    sensitivity: ANNS with time x10 (windows 3.3x longer than a step)
 #   SEEDS="0 1 2" by default; each (step, seed) writes OUT/<step>/seed-<s>/, and
@@ -37,6 +38,8 @@ for step in $STEPS; do
     crawler-high)        args=(--trace "$OUT/crawler-120.jsonl" --qps 1.333) ;;
     crawler-high-before) args=(--trace "$OUT/crawler-120.jsonl" --qps 1.333 "${BEFORE[@]}") ;;
     anns-sweep)          args=(--trace "$OUT/anns.jsonl" --qps 0.167 --qps 0.667) ;;
+    anns-low)            args=(--trace "$OUT/anns.jsonl" --qps 0.167) ;;
+    anns-high)           args=(--trace "$OUT/anns.jsonl" --qps 0.667) ;;
     crawler-sweep)       args=(--trace "$OUT/crawler.jsonl" --qps 0.167 --qps 0.333 --qps 0.667) ;;
     # Same pools and stretch as bench_paper.sh's pressure steps; args come after COMMON, so their --eviction wins.
     pressure-anns)       args=(--trace "$OUT/anns.jsonl" --qps 0.667 --kv-device-blocks 160 --delay-multiplier 10
