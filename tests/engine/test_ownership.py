@@ -46,8 +46,8 @@ def test_block_moves_and_preemptions_are_enums():
     engine = fake_engine(device_blocks=12, cpu_blocks=64, budget=64, eviction="swap")
     from inference_svc.engine.request import Segment
 
-    for i in range(3):
-        engine.open(f"r{i}", [Segment(text=chr(97 + i) * 30)], SamplingParams(max_tokens=2))
+    for i in range(3):   # 3 x (12 prompt + 12 generated) tokens need 18 blocks of 4, the pool has 12: preemption
+        engine.open(f"r{i}", [Segment(text=chr(97 + i) * 12)], SamplingParams(max_tokens=12))
     kinds, moves = set(), set()
     original = engine.scheduler.schedule
 
@@ -59,7 +59,6 @@ def test_block_moves_and_preemptions_are_enums():
 
     engine.scheduler.schedule = capture
     for i in range(3):
-        engine.step()
         engine.finish(f"r{i}")
     run_to_completion(engine)
     assert kinds <= set(PreemptionKind) and moves <= set(BlockMove)
