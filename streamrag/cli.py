@@ -159,6 +159,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_bench_decode_args(decode)
     decode.set_defaults(handler=lazy("load_tests.decode_bench:run_bench_decode"))
+    concurrent = bench_cmds.add_parser("concurrent", help="prefill tokens/s of N concurrent Generate calls, "
+                                                          "native against vLLM")
+    from load_tests.concurrent_bench import add_bench_concurrent_args
+
+    add_bench_concurrent_args(concurrent)
+    concurrent.set_defaults(handler=lazy("load_tests.concurrent_bench:run_bench_concurrent"))
     retrieval = bench_cmds.add_parser("retrieval", help="ANNS stage latency and recall against exact search")
     from retriever_svc.retrieval_bench import add_bench_retrieval_args
 

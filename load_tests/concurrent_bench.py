@@ -1,0 +1,205 @@
+"""`streamrag bench concurrent`: prefill throughput under concurrency, ours against vLLM.
+
+N `Generate` calls of about the same length are sent at once (1 output token: a prefill
+instance), and throughput is the prompt tokens of all N over the wall time from the first
+send to the last answer. Both engines run as real Inference services on loopback, started
+once and kept up, and every seed runs on each in turn (native, then vLLM), so drift of a
+shared machine hits both alike. Prompts are random token ids, new for every seed and engine,
+so no prefix cache helps either side.
+
+    streamrag bench concurrent --engine native,vllm --concurrency 16 --prompt-tokens 1150 \
+        --seeds 0,1,2 --json docs/concurrent/concurrent.json
+
+Prints one row per engine and seed and the per-seed ratio native / vLLM with its median and
+min-max spread (load_tests.seeds.spread).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import random
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from inference_svc.engine.options import (
+    DEFAULT_DEVICE,
+    DEFAULT_DTYPE,
+    DEFAULT_EVICTION,
+    DEFAULT_KV_CPU_BLOCKS,
+    DEFAULT_POLICY,
+    DEFAULT_SPECULATIVE_RESERVE_SHARE,
+    DEFAULT_SPECULATIVE_SHARE,
+    DEFAULT_TOKEN_BUDGET,
+    DTYPE_CHOICES,
+)
+from load_tests.seeds import spread
+from servicekit.progress import say
+
+ENGINES = ("native", "vllm")
+SPECIAL_MARGIN = 256            # random ids stay clear of the vocabulary's first and last (special) tokens
+
+
+def random_prompt(vocab_size: int, tokens: int, rng: random.Random) -> list[int]:
+    return [rng.randrange(SPECIAL_MARGIN, vocab_size - SPECIAL_MARGIN) for _ in range(tokens)]
+
+
+async def burst(stub: Any, prompts: list[list[int]], tag: str) -> dict[str, Any]:
+    """Send every prompt at once as a Generate call (max_tokens 1); wall time and TTFTs."""
+    from protos import common_pb2, inference_pb2
+
+    async def one(i: int, ids: list[int]) -> float:
+        request = inference_pb2.GenerateRequest(
+            request_id=f"{tag}-{i}", segments=[common_pb2.Segment(token_ids=common_pb2.TokenIds(ids=ids))],
+            sampling=common_pb2.SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True))
+        first = None
+        async for response in stub.Generate(request, timeout=1800):
+            if first is None and response.event.WhichOneof("kind") == "token":
+                first = time.perf_counter() - started
+        if first is None:
+            raise RuntimeError(f"request {tag}-{i} ended without a token")
+        return first
+
+    started = time.perf_counter()
+    ttfts = await asyncio.gather(*(one(i, ids) for i, ids in enumerate(prompts)))
+    wall = time.perf_counter() - started
+    tokens = sum(len(p) for p in prompts)
+    return {"wall_s": round(wall, 3), "prompt_tokens": tokens, "tokens_per_s": round(tokens / wall, 1),
+            "ttft_p50_s": round(sorted(ttfts)[len(ttfts) // 2], 3), "ttft_max_s": round(max(ttfts), 3)}
+
+
+def start_services(args: argparse.Namespace, engines: list[str]) -> dict[str, Any]:
+    """engine name -> a running service with `.address` and `.stop()`."""
+    from load_tests.replay import InProcessInference, engine_spec
+
+    services: dict[str, Any] = {}
+    try:
+        for engine in engines:
+            say(f"starting the {engine} inference service (token budget {args.token_budget}, dtype {args.dtype})")
+            if engine == "native":
+                services[engine] = InProcessInference(engine_spec(args, DEFAULT_POLICY, DEFAULT_EVICTION), max_streams=256)
+            else:
+                from inference_svc.vllm_backend.launch import start_vllm_service
+
+                services[engine] = start_vllm_service(
+                    args.model, max_streams=256, policy="default", dtype=args.dtype, device=args.device,
+                    extra_args=["--token-budget", str(args.token_budget)], python=args.vllm_python)
+    except BaseException:
+        for service in services.values():
+            service.stop()
+        raise
+    return services
+
+
+async def measure(addresses: dict[str, str], seeds: list[int], args: argparse.Namespace,
+                  progress: Callable[[str], None]) -> list[dict[str, Any]]:
+    """Warm each engine up once (one-time costs are not measured), then per seed one burst on each."""
+    import grpc
+
+    from protos import inference_pb2, inference_pb2_grpc
+
+    channels = {e: grpc.aio.insecure_channel(a) for e, a in addresses.items()}
+    try:
+        stubs = {e: inference_pb2_grpc.InferenceStub(c) for e, c in channels.items()}
+        vocab = {e: (await s.Describe(inference_pb2.DescribeRequest(), timeout=60)).model_info.vocab_size
+                 for e, s in stubs.items()}
+
+        def prompts(key: str, engine: str) -> list[list[int]]:
+            rng = random.Random(f"{key}-{engine}")
+            return [random_prompt(vocab[engine], args.prompt_tokens, rng) for _ in range(args.concurrency)]
+
+        for engine, stub in stubs.items():
+            progress(f"{engine}: warm-up ({args.concurrency} x {args.prompt_tokens} tokens)")
+            await burst(stub, prompts("warm", engine), f"warm-{engine}")
+        rows = []
+        for seed in seeds:
+            for engine, stub in stubs.items():
+                row = {"engine": engine, "seed": seed, **await burst(stub, prompts(str(seed), engine),
+                                                                     f"s{seed}-{engine}")}
+                progress(f"seed {seed} {engine}: {row['tokens_per_s']} tokens/s ({row['wall_s']} s)")
+                rows.append(row)
+        return rows
+    finally:
+        for channel in channels.values():
+            await channel.close()
+
+
+def run(args: argparse.Namespace, progress: Callable[[str], None] = say) -> dict[str, Any]:
+    engines = [e.strip() for e in args.engine.split(",") if e.strip()]
+    if not engines or any(e not in ENGINES for e in engines):
+        raise ValueError(f"--engine: a comma-separated list of {', '.join(ENGINES)}, got {args.engine!r}")
+    seeds = [int(s) for s in args.seeds.split(",")]
+    services = start_services(args, engines)
+    try:
+        rows = asyncio.run(measure({e: s.address for e, s in services.items()}, seeds, args, progress))
+    finally:
+        for service in services.values():
+            service.stop()
+    result: dict[str, Any] = {"concurrency": args.concurrency, "prompt_tokens": args.prompt_tokens,
+                              "token_budget": args.token_budget, "dtype": args.dtype, "rows": rows,
+                              "tokens_per_s": {e: spread([r["tokens_per_s"] for r in rows if r["engine"] == e])
+                                               for e in engines}}
+    if len(engines) == 2:
+        by = {(r["engine"], r["seed"]): r["tokens_per_s"] for r in rows}
+        result["native_over_vllm"] = spread([by["native", s] / by["vllm", s] for s in seeds])
+    return result
+
+
+def render(result: dict[str, Any]) -> str:
+    lines = [f"{result['concurrency']} concurrent Generate calls x {result['prompt_tokens']} tokens, "
+             f"max_tokens 1, token budget {result['token_budget']}, dtype {result['dtype']}", "",
+             "| engine | seed | tokens/s | wall s | TTFT p50 s | TTFT max s |", "|---|---:|---:|---:|---:|---:|"]
+    lines += [f"| {r['engine']} | {r['seed']} | {r['tokens_per_s']} | {r['wall_s']} | {r['ttft_p50_s']} | "
+              f"{r['ttft_max_s']} |" for r in result["rows"]]
+    lines.append("")
+    for engine, s in result["tokens_per_s"].items():
+        lines.append(f"{engine}: median {s['median']:.1f} tokens/s ({s['min']:.1f}-{s['max']:.1f})")
+    if "native_over_vllm" in result:
+        s = result["native_over_vllm"]
+        lines.append(f"native / vLLM, per seed: median {s['median']:.2f}x ({s['min']:.2f}-{s['max']:.2f})")
+    return "\n".join(lines)
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {text}")
+    return value
+
+
+def add_bench_concurrent_args(parser: argparse.ArgumentParser) -> None:
+    from load_tests.replay import _default_vllm_python
+
+    parser.add_argument("--engine", default="native,vllm", help="comma-separated: native and/or vllm")
+    parser.add_argument("--concurrency", type=_positive_int, default=16, help="Generate calls sent at once")
+    parser.add_argument("--prompt-tokens", type=_positive_int, default=1150, help="tokens per prompt")
+    parser.add_argument("--seeds", default="0,1,2", help="comma-separated seeds (new prompts for each)")
+    parser.add_argument("--token-budget", type=_positive_int, default=DEFAULT_TOKEN_BUDGET, help="tokens per step")
+    parser.add_argument("--model", type=Path, default=None, help="model directory (default: the embedded model)")
+    parser.add_argument("--device", default=DEFAULT_DEVICE)
+    parser.add_argument("--dtype", default=DEFAULT_DTYPE, choices=DTYPE_CHOICES)
+    parser.add_argument("--vllm-python", default=_default_vllm_python(),
+                        help="interpreter with the vllm extra (default: $STREAMRAG_VLLM_PYTHON, else /opt/vllm-venv)")
+    parser.add_argument("--json", type=Path, default=None, help="write the results here")
+
+
+def run_bench_concurrent(args: argparse.Namespace) -> int:
+    # engine_spec (shared with bench replay) reads these replay flags; this bench keeps their defaults
+    args.kv_device_blocks, args.kv_cpu_blocks = None, DEFAULT_KV_CPU_BLOCKS
+    args.speculative_share, args.speculative_reserve_share = (DEFAULT_SPECULATIVE_SHARE,
+                                                              DEFAULT_SPECULATIVE_RESERVE_SHARE)
+    try:
+        result = run(args)
+    except (ValueError, OSError, RuntimeError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    print(render(result))
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(result, indent=1) + "\n")
+        print(f"wrote {args.json}")
+    return 0
