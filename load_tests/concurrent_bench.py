@@ -81,7 +81,8 @@ def start_services(args: argparse.Namespace, engines: list[str]) -> dict[str, An
         for engine in engines:
             say(f"starting the {engine} inference service (token budget {args.token_budget}, dtype {args.dtype})")
             if engine == "native":
-                services[engine] = InProcessInference(engine_spec(args, DEFAULT_POLICY, DEFAULT_EVICTION), max_streams=256)
+                spec = engine_spec(args, DEFAULT_POLICY, DEFAULT_EVICTION)
+                services[engine] = InProcessInference(spec, max_streams=256)
             else:
                 from inference_svc.vllm_backend.launch import start_vllm_service
 
