@@ -165,15 +165,8 @@ def render(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def _positive_int(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {text}")
-    return value
-
-
 def add_bench_concurrent_args(parser: argparse.ArgumentParser) -> None:
-    from load_tests.replay import _default_vllm_python
+    from load_tests.replay import _default_vllm_python, _positive_int
 
     parser.add_argument("--engine", default="native,vllm", help="comma-separated: native and/or vllm")
     parser.add_argument("--concurrency", type=_positive_int, default=16, help="Generate calls sent at once")
