@@ -38,29 +38,25 @@ def burst(engine, tag: str) -> list[dict]:
         engine.open(rid, [Segment(token_ids=tuple(random_prompt(vocab, TOKENS, rng)))],
                     SamplingParams(max_tokens=1, ignore_eos=True))
         engine.finish(rid)
-    steps = []
-    execute, runner_ms = engine.runner.execute, []
+    steps: list[dict] = []
+    execute = engine.runner.execute
 
     def timed(chunks):
         started = time.perf_counter()
         try:
             return execute(chunks)
         finally:
-            runner_ms.append((time.perf_counter() - started) * 1e3)
-            steps[-1]["shapes"] = [(c.start_pos, len(c.token_ids)) for c in chunks]
+            steps[-1].update(runner_ms=(time.perf_counter() - started) * 1e3,
+                             shapes=[(c.start_pos, len(c.token_ids)) for c in chunks])
 
     engine.runner.execute = timed
     try:
         while engine.has_unfinished():
-            steps.append({})
+            steps.append({"runner_ms": 0.0, "shapes": []})
             started = time.perf_counter()
             engine.step()
-            steps[-1].update(wall_ms=(time.perf_counter() - started) * 1e3, tokens=engine.last_step_tokens,
-                             runner_ms=runner_ms[-1] if len(runner_ms) == len(steps) else 0.0)
-            if len(runner_ms) < len(steps):
-                runner_ms.append(0.0)
-            for event in engine.take_events():
-                pass
+            steps[-1].update(wall_ms=(time.perf_counter() - started) * 1e3, tokens=engine.last_step_tokens)
+            engine.take_events()
             for request_id in [r for r, req in engine.requests.items() if req.is_finished]:
                 engine.release(request_id)
     finally:
@@ -114,8 +110,8 @@ def main() -> None:
           f"{statistics.median(s['wall_ms'] - s['runner_ms'] for s in steps):.1f} ms")
     print("| step | tokens | wall ms | runner ms | chunks (start, length) |\n|---:|---:|---:|---:|---|")
     for i, s in enumerate(steps):
-        print(f"| {i} | {s['tokens']} | {s['wall_ms']:.0f} | {s['runner_ms']:.0f} | {s.get('shapes')} |")
-    busiest = max(steps, key=lambda s: sum(1 for start, _ in s.get("shapes", ()) if start > 0))
+        print(f"| {i} | {s['tokens']} | {s['wall_ms']:.0f} | {s['runner_ms']:.0f} | {s['shapes']} |")
+    busiest = max(steps, key=lambda s: sum(1 for start, _ in s["shapes"] if start > 0))
     runner_level(engine, busiest["shapes"])
     runner_level(engine, [(0, 1024), (0, 1024)])
     runner_level(engine, [(0, 2048)])
