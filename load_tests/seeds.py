@@ -54,6 +54,8 @@ def combine(runs: Sequence[Sequence[dict[str, Any]]]) -> list[dict[str, Any]]:
         row["tokens_computed"] = statistics.median(c.get("tokens_computed_total", 0) for c in configs)
         row["tokens_invalidated"] = statistics.median(c.get("tokens_invalidated_total", 0) for c in configs)
         row["trace_completion_s"] = statistics.median(c.get("trace_completion_s", 0.0) for c in configs)
+        for kind in ("recompute", "swap"):      # evictions of each kind (median over seeds)
+            row[f"preemptions_{kind}"] = statistics.median((c.get("preemptions") or {}).get(kind, 0) for c in configs)
         rows.append(row)
     return rows
 
@@ -66,14 +68,15 @@ def _cell(stat: dict[str, float] | None, fmt: str = "{:.2f}") -> str:
 
 def render(rows: Sequence[dict[str, Any]], label: str = "") -> str:
     head = ("| workload | policy | eviction | QPS | mode | seeds | TTFT p50 s | p95 s | p99 s "
-            "| speedup p50 | p95 | p99 | tokens computed | invalidated | completion s |")
-    lines = [f"**{label}**" if label else "", head, "|" + "---|" * 15]
+            "| speedup p50 | p95 | p99 | tokens computed | invalidated | completion s | preemptions recompute / swap |")
+    lines = [f"**{label}**" if label else "", head, "|" + "---|" * 16]
     for r in rows:
         mode = "streaming" if r["streaming"] else "non-streaming"
         lines.append(f"| {r['workload']} | {r['policy']} | {r['eviction']} | {r['qps']} | {mode} | {r['seeds']} | "
                      f"{_cell(r['ttft_p50'])} | {_cell(r['ttft_p95'])} | {_cell(r['ttft_p99'])} | "
                      f"{_cell(r['speedup_p50'])} | {_cell(r['speedup_p95'])} | {_cell(r['speedup_p99'])} | "
-                     f"{r['tokens_computed']:.0f} | {r['tokens_invalidated']:.0f} | {r['trace_completion_s']:.1f} |")
+                     f"{r['tokens_computed']:.0f} | {r['tokens_invalidated']:.0f} | {r['trace_completion_s']:.1f} | "
+                     f"{r['preemptions_recompute']:g} / {r['preemptions_swap']:g} |")
     lines.append("\nCells: median over seeds (min-max). Speedup: non-streaming TTFT / streaming TTFT, same seed.")
     return "\n".join(line for line in lines if line is not None)
 
