@@ -26,17 +26,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from inference_svc.engine.options import (
-    DEFAULT_DEVICE,
-    DEFAULT_DTYPE,
-    DEFAULT_EVICTION,
-    DEFAULT_KV_CPU_BLOCKS,
-    DEFAULT_POLICY,
-    DEFAULT_SPECULATIVE_RESERVE_SHARE,
-    DEFAULT_SPECULATIVE_SHARE,
-    DEFAULT_TOKEN_BUDGET,
-    DTYPE_CHOICES,
-)
+from inference_svc.engine.options import DEFAULT_DEVICE, DEFAULT_DTYPE, DEFAULT_TOKEN_BUDGET, DTYPE_CHOICES
 from load_tests.seeds import spread
 from servicekit.progress import say
 
@@ -73,15 +63,22 @@ async def burst(stub: Any, prompts: list[list[int]], tag: str) -> dict[str, Any]
 
 
 def start_services(args: argparse.Namespace, engines: list[str]) -> dict[str, Any]:
-    """engine name -> a running service with `.address` and `.stop()`."""
-    from load_tests.replay import InProcessInference, engine_spec
+    """engine name -> a running service with `.address` and `.stop()`; the native engine with every
+    default but the token budget (EngineSpec / EngineConfig)."""
+    from load_tests.replay import InProcessInference
 
     services: dict[str, Any] = {}
     try:
         for engine in engines:
             say(f"starting the {engine} inference service (token budget {args.token_budget}, dtype {args.dtype})")
             if engine == "native":
-                spec = engine_spec(args, DEFAULT_POLICY, DEFAULT_EVICTION)
+                from inference_svc.embedded_model import prepare_embedded_model
+                from inference_svc.engine.engine import EngineConfig
+                from inference_svc.engine.factory import EngineSpec
+
+                spec = EngineSpec(model_dir=Path(args.model or prepare_embedded_model(progress=False)),
+                                  device=args.device, dtype=args.dtype,
+                                  engine=EngineConfig(token_budget=args.token_budget))
                 services[engine] = InProcessInference(spec, max_streams=256)
             else:
                 from inference_svc.vllm_backend.launch import start_vllm_service
@@ -182,10 +179,6 @@ def add_bench_concurrent_args(parser: argparse.ArgumentParser) -> None:
 
 
 def run_bench_concurrent(args: argparse.Namespace) -> int:
-    # engine_spec (shared with bench replay) reads these replay flags; this bench keeps their defaults
-    args.kv_device_blocks, args.kv_cpu_blocks = None, DEFAULT_KV_CPU_BLOCKS
-    args.speculative_share, args.speculative_reserve_share = (DEFAULT_SPECULATIVE_SHARE,
-                                                              DEFAULT_SPECULATIVE_RESERVE_SHARE)
     try:
         result = run(args)
     except (ValueError, OSError, RuntimeError) as exc:
