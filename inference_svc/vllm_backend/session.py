@@ -9,7 +9,8 @@ A request runs as a sequence of vLLM submissions ("incarnations"):
 - An `update` that changes tokens already submitted aborts the incarnation and submits the
   new prompt as a new session; vLLM's prefix cache serves the common prefix (whole blocks).
 - A complete prompt with nothing left to send as its own turn (Generate, or `finish` with an
-  empty suffix after the context was submitted) is one plain submission.
+  empty suffix after the context was submitted), or one sampled with a seed (`seeded`), is one
+  plain submission.
 Stop strings go to vLLM (`SamplingParams.stop`, which needs vLLM to detokenize) so that it
 stops generating; the output text, and what of it may be streamed, come from the native
 engine's `OutputText` over the token ids, so both backends cut the text the same way.
@@ -61,6 +62,15 @@ def intermediate_params() -> VllmSamplingParams:
 
 
 INTERMEDIATE = intermediate_params()
+
+
+def seeded(params: SamplingParams) -> bool:
+    """Whether vLLM gives the request its own seeded generator (`SamplingType.RANDOM_SEED`). vLLM's
+    model runner creates that generator only when a request is first added; a streaming-input
+    session's later turns replace its sampling parameters but keep the first turn's (greedy: none),
+    so a seeded final turn would sample from the global generator. Such a request finishes as a
+    plain submission instead, sampled exactly as `Generate` samples it."""
+    return params.seed is not None and not params.greedy
 
 
 class VllmRequest:
@@ -119,14 +129,14 @@ class VllmRequest:
         max_tokens = min(self.sampling.max_tokens,
                          self.prompt.limits.max_sequence_tokens - len(self.prompt.tokens))
         final = vllm_params(self.sampling, max_tokens)
-        if self._inputs is not None and suffix:
+        if self._inputs is not None and suffix and not seeded(self.sampling):
             self._final_turn = self._turns_sent
             self._inputs.put_nowait(StreamingInput(TokensPrompt(prompt_token_ids=suffix), final))
             self._inputs.put_nowait(_END)
             self._turns_sent += 1
             return
-        # Nothing submitted yet, or nothing new to send as the last turn: one plain submission of
-        # the whole prompt (what was submitted before is found in the prefix cache).
+        # Nothing submitted yet, nothing new to send as the last turn, or seeded sampling: one plain
+        # submission of the whole prompt (what was submitted before is found in the prefix cache).
         self._stop_incarnation()
         self._final_turn = 0
         self._launch(self._plain(self.prompt.tokens, final), len(self.prompt.tokens))

@@ -67,6 +67,19 @@ def test_streamed_appends_answer_like_generate(inference, reference):
     inference.wait_until_all_blocks_free()
 
 
+def test_seeded_sampling_streamed_answers_like_generate(inference):
+    """Temperature > 0 with a seed: a streamed prompt samples the same tokens as Generate. On vLLM
+    this holds only if the final turn gets a generator seeded as a plain submission's would."""
+    sampling = {"temperature": 1.0, "top_p": 0.95, "seed": 1234, "ignore_eos": True}
+    want = generate(inference.stub, HEAD + DOCS + SUFFIX, "seeded-reference", max_tokens=16, **sampling)
+    messages = [open_msg("seeded", HEAD, max_tokens=16, **sampling), *(append_msg(d) for d in DOCS),
+                finish_msg(*SUFFIX)]
+    answer = collect(inference.stub.StreamPrompt(paced(messages, 0.05), timeout=120))
+    assert len(want.tokens) == 16
+    assert answer.tokens == want.tokens
+    inference.wait_until_all_blocks_free()
+
+
 def hinted(segment: common_pb2.Segment, stability: float) -> common_pb2.Segment:
     out = common_pb2.Segment()
     out.CopyFrom(segment)
