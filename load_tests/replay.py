@@ -445,6 +445,25 @@ def workloads_of(queries: Sequence[TraceQuery]) -> dict[str, list[TraceQuery]]:
     return out
 
 
+ENGINE_COUNTERS = ("prompt_tokens_computed", "prefix_cache_hit_tokens", "generated_tokens", "tokens_invalidated",
+                   "preemptions_recompute", "preemptions_swap", "steps")
+
+
+async def _engine_counters(stub: Any) -> dict[str, int]:
+    """The service's engine-wide counters (`GetStats`). On vLLM they are the only exact count of
+    the prompt tokens an update's resubmission recomputed: a request's own `tokens_computed` there
+    is an estimate (docs/vllm.md)."""
+    from protos import inference_pb2
+
+    counters = (await stub.GetStats(inference_pb2.GetStatsRequest(), timeout=60)).stats.counters
+    return {name: getattr(counters, name) for name in ENGINE_COUNTERS}
+
+
+def counter_delta(before: dict[str, int], after: dict[str, int]) -> dict[str, int]:
+    """What one configuration's replay added to the engine's counters."""
+    return {name: after[name] - before[name] for name in ENGINE_COUNTERS}
+
+
 async def _bench_on(address: str, workloads: dict[str, list[TraceQuery]], args: argparse.Namespace,
                     session: Callable[[], str], say: Callable[[str], None],
                     configs: list[dict[str, Any]], rows: list[dict[str, Any]], requests_out: Any,
@@ -467,6 +486,7 @@ async def _bench_on(address: str, workloads: dict[str, list[TraceQuery]], args: 
                              f"{'streaming' if streaming else 'non-streaming'}]")
                     say(f"{label} replaying {len(queries)} queries")
                     started = time.monotonic()
+                    counters_before = await _engine_counters(stub)
                     run = await replay_run(stub, queries, streaming=streaming, qps=qps, seed=args.seed,
                                            builder=builder, output_tokens=args.output_tokens,
                                            timeout_s=args.request_timeout, label=label, progress=say)
@@ -481,6 +501,7 @@ async def _bench_on(address: str, workloads: dict[str, list[TraceQuery]], args: 
                         requests_out.write(json.dumps(row) + "\n")
                     requests_out.flush()
                     entry = summarize_run(meta, records, run.trace_completion_s)
+                    entry["engine_counters"] = counter_delta(counters_before, await _engine_counters(stub))
                     configs.append(entry)
                     say(f"{label} done in {time.monotonic() - started:.1f}s: {entry['requests']} ok, "
                         f"{entry['failed']} failed, TTFT p50 {entry['ttft_s']['p50']:.3f}s "

@@ -139,13 +139,15 @@ def render_report(summary: Mapping[str, Any]) -> str:
         lines += [f"## Workload: {workload}", "", "### All configurations", ""]
         lines += _table(
             ["config", "QPS", "requests", "TTFT p50 (s)", "p95", "p99", "from arrival p50 (s)", "p99",
-             "speedup p50", "p95", "p99", "preempt recompute/swap", "tokens invalidated", "completion (s)"],
+             "speedup p50", "p95", "p99", "preempt recompute/swap", "tokens invalidated",
+             "prompt tokens computed (engine)", "completion (s)"],
             ([_label(c), f"{c['qps']:g}", str(c["requests"]) + (f" ({c['failed']} failed)" if c.get("failed") else ""),
               _s(c["ttft_s"]["p50"]), _s(c["ttft_s"]["p95"]), _s(c["ttft_s"]["p99"]),
               _s(c["ttft_from_arrival_s"]["p50"]), _s(c["ttft_from_arrival_s"]["p99"]),
               _x(c["speedup_vs_nonstreaming"]["p50"]), _x(c["speedup_vs_nonstreaming"]["p95"]),
               _x(c["speedup_vs_nonstreaming"]["p99"]),
               f"{c['preemptions']['recompute']}/{c['preemptions']['swap']}", str(c["tokens_invalidated_total"]),
+              str(c.get("engine_counters", {}).get("prompt_tokens_computed", "—")),
               _s(c["trace_completion_s"], 2)] for c in group))
         lines.append("")
         policies = _ordered(_row(c) for c in group if c["streaming"])

@@ -92,7 +92,11 @@ def test_tiny_replay(tmp_path: Path, embedded_model_dir: Path, capsys: pytest.Ca
         assert c["ttft_from_arrival_s"]["p50"] >= c["ttft_s"]["p50"] - 1e-9
         assert set(c["preemptions"]) == {"recompute", "swap"}
         assert c["tokens_invalidated_total"] >= 0 and c["trace_completion_s"] > 0
+        engine = c["engine_counters"]   # the service's own counters over this configuration's replay
+        assert engine["generated_tokens"] == QUERIES_PER_WORKLOAD
+        assert engine["prompt_tokens_computed"] + engine["prefix_cache_hit_tokens"] >= c["prompt_tokens_total"] > 0
         if not c["streaming"]:
+            assert engine["prompt_tokens_computed"] + engine["prefix_cache_hit_tokens"] == c["prompt_tokens_total"]
             assert c["speedup_vs_nonstreaming"] == {"p50": 1.0, "p95": 1.0, "p99": 1.0}
             assert c["tokens_invalidated_total"] == 0
     for workload in ("crawler", "anns"):
