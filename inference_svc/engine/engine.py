@@ -216,7 +216,8 @@ class Engine:
         request = self._open_request(request_id, "update")
         new_tokens = request.prompt_token_ids[:request.num_head_tokens] + self._encode(segments)
         self._check_fits(request, new_tokens)
-        request.speculative_limit = None if final else request.num_head_tokens + self._stable_prefix_tokens(segments)
+        request.speculative_limit = (None if final else
+                                     request.num_head_tokens + self.tokenizer.stable_prefix_tokens(segments))
         lcp = lcp_length(request.prompt_token_ids, new_tokens)
         valid = min(lcp, request.num_computed_tokens)
         invalidated = request.num_computed_tokens - valid
@@ -229,15 +230,6 @@ class Engine:
             self._emit(request, EventKind.INVALIDATED, count=invalidated)
         request.stats.num_updates += 1
         self._input_arrived(request, arrived_at)
-
-    def _stable_prefix_tokens(self, segments: Sequence[Segment]) -> int:
-        """Tokens of the leading segments not marked likely to be replaced."""
-        tokens = 0
-        for segment in segments:
-            if segment.likely_replaced:
-                break
-            tokens += len(self.tokenizer.encode(segment))
-        return tokens
 
     def finish(self, request_id: str, suffix: Sequence[Segment] = (), arrived_at: float | None = None) -> None:
         """No more input: append the suffix and let the request decode."""

@@ -45,5 +45,15 @@ class SegmentTokenizer:
             ids.extend(self.encode(segment))
         return ids
 
+    def stable_prefix_tokens(self, segments: Iterable[Segment]) -> int:
+        """Tokens of the leading segments not marked likely to be replaced by the next refinement
+        (`Segment.likely_replaced`): how far ahead a non-final update is prefilled, on both backends."""
+        tokens = 0
+        for segment in segments:
+            if segment.likely_replaced:
+                break
+            tokens += len(self.encode(segment))
+        return tokens
+
     def decode(self, token_ids: list[int]) -> str:
         return self.tokenizer.decode(token_ids, skip_special_tokens=True)

@@ -78,6 +78,9 @@ class StreamedPrompt:
         self.context = context
         return lcp_length(old, self.tokens)
 
+    def stable_prefix_tokens(self, segments: Sequence[Segment]) -> int:
+        return self.tokenizer.stable_prefix_tokens(segments)
+
     def finish(self, segments: Sequence[Segment]) -> list[int]:
         """Returns the suffix tokens."""
         suffix = self._encode(segments)

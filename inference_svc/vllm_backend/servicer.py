@@ -46,9 +46,12 @@ class VllmServicer(StreamServicerBase):
     def _send(self, request_id: str, kind: str, segments: list[Segment], arrived: float,
               events: asyncio.Queue, final_stage: bool = True) -> None:
         """Applied at once, in arrival order; the prompt's checks raise before anything changes.
-        `final_stage` is not used: an update resubmits the prompt and vLLM prefills all of it
-        (docs/vllm.md)."""
-        getattr(self._requests[request_id], kind)(segments, arrived)
+        `final_stage` (updates): unless set, only the stable prefix is submitted (`VllmRequest.update`)."""
+        request = self._requests[request_id]
+        if kind == "update":
+            request.update(segments, arrived, final=final_stage)
+        else:
+            getattr(request, kind)(segments, arrived)
 
     def _close(self, request_id: str) -> None:
         request = self._requests.pop(request_id, None)

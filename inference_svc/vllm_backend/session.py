@@ -8,6 +8,9 @@ A request runs as a sequence of vLLM submissions ("incarnations"):
   tokens are the answer.
 - An `update` that changes tokens already submitted aborts the incarnation and submits the
   new prompt as a new session; vLLM's prefix cache serves the common prefix (whole blocks).
+  Unless it is the final refinement, only its stable prefix is submitted (the head and the leading
+  segments not likely to be replaced: `SegmentTokenizer.stable_prefix_tokens`, the native engine's
+  rule); the rest waits for the final stage, an append or `finish`.
 - A complete prompt with nothing left to send as its own turn (Generate, or `finish` with an
   empty suffix after the context was submitted), or one sampled with a seed (`seeded`), is one
   plain submission.
@@ -104,34 +107,32 @@ class VllmRequest:
             self._start_session(head)
 
     def append(self, segments, arrived_at: float) -> None:
-        new = self.prompt.append(segments)
+        self.prompt.append(segments)
         self.stats.num_appends += 1
         self._arrived(arrived_at)
-        if new:
-            self._send(new)
+        self._submit_up_to(len(self.prompt.tokens))
 
-    def update(self, segments, arrived_at: float) -> None:
+    def update(self, segments, arrived_at: float, final: bool = True) -> None:
         lcp = self.prompt.update(segments)
         self.stats.num_updates += 1
         self._arrived(arrived_at)
+        ahead = len(self.prompt.tokens) if final else len(self.prompt.head) + self.prompt.stable_prefix_tokens(segments)
         if lcp < self._submitted:    # tokens vLLM has were replaced: resubmit, the prefix cache keeps the LCP
             self.stats.tokens_invalidated += self._submitted - lcp
             self._emit(EventKind.INVALIDATED, count=self._submitted - lcp)
             self._stop_incarnation()
-            if self.prompt.tokens:
-                self._start_session(self.prompt.tokens)
-        elif len(self.prompt.tokens) > self._submitted:
-            self._send(self.prompt.tokens[self._submitted:])
+        self._submit_up_to(ahead)
 
     def finish(self, segments, arrived_at: float) -> None:
-        suffix = self.prompt.finish(segments)
+        self.prompt.finish(segments)
         self._arrived(arrived_at)
         max_tokens = min(self.sampling.max_tokens,
                          self.prompt.limits.max_sequence_tokens - len(self.prompt.tokens))
         final = vllm_params(self.sampling, max_tokens)
-        if self._inputs is not None and suffix and not seeded(self.sampling):
+        rest = self.prompt.tokens[self._submitted:]   # the suffix, and any context held back by an update
+        if self._inputs is not None and rest and not seeded(self.sampling):
             self._final_turn = self._turns_sent
-            self._inputs.put_nowait(StreamingInput(TokensPrompt(prompt_token_ids=suffix), final))
+            self._inputs.put_nowait(StreamingInput(TokensPrompt(prompt_token_ids=rest), final))
             self._inputs.put_nowait(_END)
             self._turns_sent += 1
             return
@@ -153,13 +154,18 @@ class VllmRequest:
         self._final_turn = None
         self._launch(self._session(self._inputs), len(first))
 
-    def _send(self, tokens: list[int]) -> None:
-        if self._inputs is None:
-            self._start_session(self.prompt.tokens)
+    def _submit_up_to(self, end: int) -> None:
+        """Send the prompt's tokens up to `end` that vLLM does not have yet: a new turn of the
+        running session, or a new session."""
+        if end <= self._submitted:
             return
-        self._inputs.put_nowait(StreamingInput(TokensPrompt(prompt_token_ids=list(tokens)), intermediate_params()))
+        if self._inputs is None:
+            self._start_session(self.prompt.tokens[:end])
+            return
+        tokens = self.prompt.tokens[self._submitted:end]
+        self._inputs.put_nowait(StreamingInput(TokensPrompt(prompt_token_ids=tokens), intermediate_params()))
         self._turns_sent += 1
-        self._submitted += len(tokens)
+        self._submitted = end
 
     def _launch(self, outputs: AsyncIterator, submitted: int) -> None:
         self._incarnation += 1

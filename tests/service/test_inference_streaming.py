@@ -99,6 +99,8 @@ def test_stability_hinted_refinements_answer_like_generate(inference, reference)
     answer = collect(inference.stub.StreamPrompt(paced(messages, 0.3), timeout=120))
     assert answer.tokens == reference.tokens
     assert answer.done.stats.num_updates == 3
+    # only stable prefixes went ahead, and each later refinement kept them: nothing was invalidated
+    assert answer.done.stats.tokens_invalidated == 0
     inference.wait_until_all_blocks_free()
 
 

@@ -46,6 +46,7 @@ from tests.service.test_inference_streaming import (  # noqa: F401 - collected a
     test_deadline_passing_aborts_and_frees,
     test_generate_answers_with_stats,
     test_seeded_sampling_streamed_answers_like_generate,
+    test_stability_hinted_refinements_answer_like_generate,
     test_streamed_appends_answer_like_generate,
     test_streamed_tokens_hold_back_a_stop_string_spanning_tokens,
     test_twenty_concurrent_mixed_streams_complete_correctly,
