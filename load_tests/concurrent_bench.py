@@ -2,10 +2,11 @@
 
 N `Generate` calls of about the same length are sent at once (1 output token: a prefill
 instance), and throughput is the prompt tokens of all N over the wall time from the first
-send to the last answer. Both engines run as real Inference services on loopback, started
-once and kept up, and every seed runs on each in turn (native, then vLLM), so drift of a
-shared machine hits both alike. Prompts are random token ids, new for every seed and engine,
-so no prefix cache helps either side.
+send to the last answer. Both engines run as real Inference services on loopback, each in its
+own process (`streamrag serve inference --backend B`, as in production), started once and
+kept up, and every seed runs on each in turn (native, then vLLM), so drift of a shared
+machine hits both alike. Prompts are random token ids, new for every seed and engine, so no
+prefix cache helps either side.
 
     streamrag bench concurrent --engine native,vllm --concurrency 16 --prompt-tokens 1150 \
         --seeds 0,1,2 --json docs/concurrent/concurrent.json
@@ -63,29 +64,20 @@ async def burst(stub: Any, prompts: list[list[int]], tag: str) -> dict[str, Any]
 
 
 def start_services(args: argparse.Namespace, engines: list[str]) -> dict[str, Any]:
-    """engine name -> a running service with `.address` and `.stop()`; the native engine with every
-    default but the token budget (EngineSpec / EngineConfig)."""
-    from load_tests.replay import InProcessInference
+    """engine name -> a running service subprocess (`inference_svc.launch`: each in its own process,
+    as in production, so neither shares the client's interpreter); the native engine with every
+    default but the token budget, vLLM with its own scheduler."""
+    from inference_svc.launch import start_inference_service
 
     services: dict[str, Any] = {}
     try:
         for engine in engines:
             say(f"starting the {engine} inference service (token budget {args.token_budget}, dtype {args.dtype})")
-            if engine == "native":
-                from inference_svc.embedded_model import prepare_embedded_model
-                from inference_svc.engine.engine import EngineConfig
-                from inference_svc.engine.factory import EngineSpec
-
-                spec = EngineSpec(model_dir=Path(args.model or prepare_embedded_model(progress=False)),
-                                  device=args.device, dtype=args.dtype,
-                                  engine=EngineConfig(token_budget=args.token_budget))
-                services[engine] = InProcessInference(spec, max_streams=256)
-            else:
-                from inference_svc.vllm_backend.launch import start_vllm_service
-
-                services[engine] = start_vllm_service(
-                    args.model, max_streams=256, policy="default", dtype=args.dtype, device=args.device,
-                    extra_args=["--token-budget", str(args.token_budget)], python=args.vllm_python)
+            python = args.vllm_python if engine == "vllm" else None
+            services[engine] = start_inference_service(
+                engine, args.model, max_streams=256, policy="default" if engine == "vllm" else None,
+                dtype=args.dtype, device=args.device, extra_args=["--token-budget", str(args.token_budget)],
+                python=python)
     except BaseException:
         for service in services.values():
             service.stop()

@@ -5,10 +5,13 @@
         [--delay-multiplier M] [--max-queries N] [--output-tokens 1] [--engine native,vllm] \\
         [--address HOST:PORT] --out DIR
 
-For each (policy, eviction) configuration our engine's Inference service is started in-process
-(the embedded model unless `--model`; one service per configuration, stopped after it); with
-`--engine vllm` a `--backend vllm` service runs as a subprocess (vLLM-S and vLLM-NS); or the
-service at `--address` is used as it is (its policy and eviction are read with Describe).
+For each engine and (policy, eviction) configuration an Inference service is started as a
+subprocess, `streamrag serve inference --backend native|vllm` (the embedded model unless
+`--model`; one service per configuration, stopped after it; vLLM's policy `default` is vLLM-S and
+vLLM-NS); or the service at `--address` is used as it is (its policy and eviction are read with
+Describe). A service in the replay client's own interpreter was slower in some bursts and not in
+others (the client's gRPC loop beside the engine thread: docs/benchmarks.md, "Prefill under
+concurrency"), so it never shares one.
 Each workload of the trace (its records' `workload` label) is replayed on its own, at each
 QPS, streaming in every configuration and non-streaming once per engine (in its first
 configuration; `--baseline each` runs it in every one):
@@ -368,37 +371,35 @@ class InProcessInference:
             self.thread.join(timeout=60)
 
 
-def engine_spec(args: argparse.Namespace, policy: str, eviction: str) -> Any:
-    from inference_svc.engine.engine import EngineConfig
-    from inference_svc.engine.factory import EngineSpec
-
-    model_dir = args.model
-    if model_dir is None:
-        from inference_svc.embedded_model import prepare_embedded_model
-
-        model_dir = prepare_embedded_model(progress=False)
-    return EngineSpec(model_dir=Path(model_dir), device=args.device, dtype=args.dtype,
-                      kv_device_blocks=args.kv_device_blocks, kv_cpu_blocks=args.kv_cpu_blocks,
-                      engine=EngineConfig(token_budget=args.token_budget, policy=policy, eviction=eviction,
-                                          speculative_share=args.speculative_share,
-                                          speculative_reserve_share=args.speculative_reserve_share))
-
-
-def _bench_vllm(args: argparse.Namespace, policy: str, eviction: str, workloads: dict[str, list[TraceQuery]],
-                session: Callable[[], str], say: Callable[[str], None], configs: list[dict[str, Any]],
-                rows: list[dict[str, Any]], requests_out: Any, modes: Sequence[bool]) -> None:
-    """A `--backend vllm` service subprocess with `policy` and `eviction`, run by `--vllm-python` (an
-    interpreter with the vllm extra, docs/vllm.md): policy `default` is vLLM's own scheduler (streaming:
-    vLLM-S; Generate: vLLM-NS), the others our policy in vLLM (scheduler.py)."""
-    from inference_svc.vllm_backend.launch import start_vllm_service
-
-    extra = ["--token-budget", str(args.token_budget), "--eviction", eviction]
+def service_flags(args: argparse.Namespace, engine: str, eviction: str) -> list[str]:
+    """`streamrag serve inference` flags for this run's engine settings (the policy is passed apart)."""
+    flags = ["--token-budget", str(args.token_budget), "--eviction", eviction]
     if args.kv_device_blocks:
-        extra += ["--kv-device-blocks", str(args.kv_device_blocks)]
-    say(f"starting the vLLM inference service ({args.vllm_python}): policy {policy}, eviction {eviction}")
-    service = start_vllm_service(args.model, max_streams=args.max_streams, policy=policy, dtype=args.dtype,
-                                 device=args.device, extra_args=extra, metrics_port=0, python=args.vllm_python)
-    say(f"vLLM service log: {service.log_path}")
+        flags += ["--kv-device-blocks", str(args.kv_device_blocks)]
+    if engine == "native":
+        share = "off" if args.speculative_share is None else str(args.speculative_share)
+        flags += ["--kv-cpu-blocks", str(args.kv_cpu_blocks), "--speculative-share", share,
+                  "--speculative-reserve-share", str(args.speculative_reserve_share)]
+    return flags
+
+
+def _bench_service(args: argparse.Namespace, engine: str, policy: str, eviction: str,
+                   workloads: dict[str, list[TraceQuery]], session: Callable[[], str], say: Callable[[str], None],
+                   configs: list[dict[str, Any]], rows: list[dict[str, Any]], requests_out: Any,
+                   modes: Sequence[bool]) -> None:
+    """One configuration on a `streamrag serve inference --backend ENGINE` subprocess: its own process,
+    as in production, so the replay client never shares the service's interpreter. `vllm` runs with
+    `--vllm-python` (an interpreter with the vllm extra, docs/vllm.md): policy `default` is vLLM's own
+    scheduler (streaming: vLLM-S; Generate: vLLM-NS), the others our policy in vLLM (scheduler.py)."""
+    from inference_svc.launch import start_inference_service
+
+    python = args.vllm_python if engine == "vllm" else sys.executable
+    say(f"starting the {engine} inference service ({python}): policy {policy}, eviction {eviction}")
+    service = start_inference_service(engine, args.model, max_streams=args.max_streams, policy=policy,
+                                      dtype=args.dtype, device=args.device,
+                                      extra_args=service_flags(args, engine, eviction), metrics_port=0,
+                                      python=python)
+    say(f"{engine} service log: {service.log_path}")
     try:
         asyncio.run(_bench_on(service.address, workloads, args, session, say, configs, rows, requests_out, modes))
     finally:
@@ -543,18 +544,9 @@ def run_benchmark(args: argparse.Namespace, say: Callable[[str], None]) -> dict[
                     # The non-streaming baseline runs once, in the first configuration: a whole prompt
                     # sent at once leaves nothing for the policy or eviction mode to decide.
                     modes = (True, False) if i == 0 or args.baseline == "each" else (True,)
-                    if engine == "vllm":
-                        _bench_vllm(args, policy, eviction, workloads, session, say, configs, rows, requests_out,
-                                    modes)
-                        continue
-                    say(f"starting the inference service: policy {policy}, eviction {eviction} "
-                        f"({len(pairs) - i} configuration(s) to go)")
-                    service = InProcessInference(engine_spec(args, policy, eviction), args.max_streams)
-                    try:
-                        asyncio.run(_bench_on(service.address, workloads, args, session, say, configs, rows,
-                                              requests_out, modes))
-                    finally:
-                        service.stop()
+                    say(f"{engine}: {len(pairs) - i} configuration(s) to go")
+                    _bench_service(args, engine, policy, eviction, workloads, session, say, configs, rows,
+                                   requests_out, modes)
     add_speedups(configs, pair_keys=PAIR_KEYS if args.baseline == "each" else BASELINE_ONCE_KEYS)
     plots = write_plots(rows, args.out, update_workloads=update_workloads(queries))
     say("plots: " + ", ".join(p.name for p in plots))
@@ -563,7 +555,7 @@ def run_benchmark(args: argparse.Namespace, say: Callable[[str], None]) -> dict[
                  "queries": {w: len(qs) for w, qs in workloads.items()}, "output_tokens": args.output_tokens,
                  "delay_multiplier": args.delay_multiplier, "kv_device_blocks": args.kv_device_blocks,
                  "token_budget": args.token_budget, "baseline": args.baseline, "engines": args.engine,
-                 "address": args.address or "in-process", "created_unix": int(time.time())},
+                 "address": args.address or "subprocess", "created_unix": int(time.time())},
         "plots": [p.name for p in plots],
         "configs": configs,
     }

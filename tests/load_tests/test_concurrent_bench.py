@@ -1,4 +1,4 @@
-"""`bench concurrent` on a tiny burst with the real model and the real native service in-process:
+"""`bench concurrent` on a tiny burst with the real model and the real native service (a subprocess):
 every prompt is served, the JSON and the table carry each seed's row, the ratio needs both engines,
 and a bad engine list is a CLI error. No timing thresholds."""
 

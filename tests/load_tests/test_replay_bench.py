@@ -1,5 +1,5 @@
 """`bench replay` on a tiny hand-written trace: both workloads, streaming and not, against the real
-Inference service started in-process. Checks the files, the fields and that the numbers are sane
+Inference service started as a subprocess. Checks the files, the fields and that the numbers are sane
 and come from the same run; no timing thresholds."""
 
 from __future__ import annotations
