@@ -3,10 +3,10 @@
 N `Generate` calls of about the same length are sent at once (1 output token: a prefill
 instance), and throughput is the prompt tokens of all N over the wall time from the first
 send to the last answer. Both engines run as real Inference services on loopback, each in its
-own process (`streamrag serve inference --backend B`, as in production), started once and
-kept up, and every seed runs on each in turn (native, then vLLM), so drift of a shared
-machine hits both alike. Prompts are random token ids, new for every seed and engine, so no
-prefix cache helps either side.
+own process (`streamrag serve inference --backend B`, as in production), one at a time (an idle
+vLLM service beside the native one slowed it on 2 cores): each is started, warmed up, runs one
+burst per seed and is stopped before the next starts. Prompts are random token ids, new for
+every seed and engine, so no prefix cache helps either side.
 
     streamrag bench concurrent --engine native,vllm --concurrency 16 --prompt-tokens 1150 \
         --seeds 0,1,2 --json docs/concurrent/concurrent.json
@@ -63,71 +63,57 @@ async def burst(stub: Any, prompts: list[list[int]], tag: str) -> dict[str, Any]
             "ttft_p50_s": round(sorted(ttfts)[len(ttfts) // 2], 3), "ttft_max_s": round(max(ttfts), 3)}
 
 
-def start_services(args: argparse.Namespace, engines: list[str]) -> dict[str, Any]:
-    """engine name -> a running service subprocess (`inference_svc.launch`: each in its own process,
-    as in production, so neither shares the client's interpreter); the native engine with every
-    default but the token budget, vLLM with its own scheduler."""
+def start_service(args: argparse.Namespace, engine: str) -> Any:
+    """A running service subprocess (`inference_svc.launch`: its own process, as in production, so it
+    never shares the client's interpreter); the native engine with every default but the token
+    budget, vLLM with its own scheduler."""
     from inference_svc.launch import start_inference_service
 
-    services: dict[str, Any] = {}
-    try:
-        for engine in engines:
-            say(f"starting the {engine} inference service (token budget {args.token_budget}, dtype {args.dtype})")
-            python = args.vllm_python if engine == "vllm" else None
-            services[engine] = start_inference_service(
-                engine, args.model, max_streams=256, policy="default" if engine == "vllm" else None,
-                dtype=args.dtype, device=args.device, extra_args=["--token-budget", str(args.token_budget)],
-                python=python)
-    except BaseException:
-        for service in services.values():
-            service.stop()
-        raise
-    return services
+    say(f"starting the {engine} inference service (token budget {args.token_budget}, dtype {args.dtype})")
+    return start_inference_service(
+        engine, args.model, max_streams=256, policy="default" if engine == "vllm" else None, dtype=args.dtype,
+        device=args.device, extra_args=["--token-budget", str(args.token_budget)],
+        python=args.vllm_python if engine == "vllm" else None)
 
 
-async def measure(addresses: dict[str, str], seeds: list[int], args: argparse.Namespace,
+async def measure(address: str, engine: str, seeds: list[int], args: argparse.Namespace,
                   progress: Callable[[str], None]) -> list[dict[str, Any]]:
-    """Warm each engine up once (one-time costs are not measured), then per seed one burst on each."""
+    """Warm the engine up once (one-time costs are not measured), then one burst per seed."""
     import grpc
 
     from protos import inference_pb2, inference_pb2_grpc
 
-    channels = {e: grpc.aio.insecure_channel(a) for e, a in addresses.items()}
-    try:
-        stubs = {e: inference_pb2_grpc.InferenceStub(c) for e, c in channels.items()}
-        vocab = {e: (await s.Describe(inference_pb2.DescribeRequest(), timeout=60)).model_info.vocab_size
-                 for e, s in stubs.items()}
+    async with grpc.aio.insecure_channel(address) as channel:
+        stub = inference_pb2_grpc.InferenceStub(channel)
+        vocab = (await stub.Describe(inference_pb2.DescribeRequest(), timeout=60)).model_info.vocab_size
 
-        def prompts(key: str, engine: str) -> list[list[int]]:
+        def prompts(key: str) -> list[list[int]]:
             rng = random.Random(f"{key}-{engine}")
-            return [random_prompt(vocab[engine], args.prompt_tokens, rng) for _ in range(args.concurrency)]
+            return [random_prompt(vocab, args.prompt_tokens, rng) for _ in range(args.concurrency)]
 
-        for engine, stub in stubs.items():
-            progress(f"{engine}: warm-up ({args.concurrency} x {args.prompt_tokens} tokens)")
-            await burst(stub, prompts("warm", engine), f"warm-{engine}")
+        progress(f"{engine}: warm-up ({args.concurrency} x {args.prompt_tokens} tokens)")
+        await burst(stub, prompts("warm"), f"warm-{engine}")
         rows = []
         for seed in seeds:
-            for engine, stub in stubs.items():
-                row = {"engine": engine, "seed": seed, **await burst(stub, prompts(str(seed), engine),
-                                                                     f"s{seed}-{engine}")}
-                progress(f"seed {seed} {engine}: {row['tokens_per_s']} tokens/s ({row['wall_s']} s)")
-                rows.append(row)
+            row = {"engine": engine, "seed": seed, **await burst(stub, prompts(str(seed)), f"s{seed}-{engine}")}
+            progress(f"seed {seed} {engine}: {row['tokens_per_s']} tokens/s ({row['wall_s']} s)")
+            rows.append(row)
         return rows
-    finally:
-        for channel in channels.values():
-            await channel.close()
 
 
 def run(args: argparse.Namespace, progress: Callable[[str], None] = say) -> dict[str, Any]:
+    """One engine's service at a time: on a 2-core machine an idle vLLM service beside the native one
+    cost the native bursts a quarter of their throughput (docs/concurrent/hosting.txt)."""
     engines = [e.strip() for e in args.engine.split(",") if e.strip()]
     if not engines or any(e not in ENGINES for e in engines):
         raise ValueError(f"--engine: a comma-separated list of {', '.join(ENGINES)}, got {args.engine!r}")
     seeds = [int(s) for s in args.seeds.split(",")]
-    services = start_services(args, engines)
-    try:
-        rows = asyncio.run(measure({e: s.address for e, s in services.items()}, seeds, args, progress))
-    finally:
-        for service in services.values():
+    rows: list[dict[str, Any]] = []
+    for engine in engines:
+        service = start_service(args, engine)
+        try:
+            rows += asyncio.run(measure(service.address, engine, seeds, args, progress))
+        finally:
             service.stop()
     result: dict[str, Any] = {"concurrency": args.concurrency, "prompt_tokens": args.prompt_tokens,
                               "token_budget": args.token_budget, "dtype": args.dtype, "rows": rows,

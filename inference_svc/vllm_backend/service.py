@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 from pathlib import Path
@@ -14,6 +15,7 @@ from inference_svc.engine.tokenization import SegmentTokenizer
 from inference_svc.metrics import InferenceMetrics
 from inference_svc.vllm_backend.config import VllmSpec
 from inference_svc.vllm_backend.engine import start_engine
+from inference_svc.vllm_backend.pressure import IdleSessionEvictor
 from inference_svc.vllm_backend.prompt import PromptLimits, StreamedPrompt
 from inference_svc.vllm_backend.servicer import VllmServicer
 from inference_svc.vllm_backend.stats import StatsSource
@@ -72,11 +74,18 @@ class VllmInferenceService:
                                      segment_tokenizer.decode, stats, info, self.metrics, max_streams)
         self.runner = ServiceRunner(config, [(inference_pb2_grpc.add_InferenceServicer_to_server, self.servicer)],
                                     [SERVICE_NAME], registry=self.metrics.registry)
+        self._evictor: asyncio.Task | None = None
 
     async def start(self, handle_signals: bool = True) -> int:
-        return await self.runner.start(handle_signals=handle_signals)
+        port = await self.runner.start(handle_signals=handle_signals)
+        if self.spec.policy != "default":   # vLLM-S stays vLLM as it is (pressure.py)
+            evictor = IdleSessionEvictor(self.servicer.stats.counters, self.servicer.open_requests, self.spec.policy)
+            self._evictor = asyncio.get_running_loop().create_task(evictor.run(), name="idle-session-evictor")
+        return port
 
     async def stop(self, grace_s: float | None = None) -> None:
+        if self._evictor is not None:
+            self._evictor.cancel()
         await self.runner.stop(grace_s)
         self.shutdown()
 

@@ -60,5 +60,8 @@ class VllmServicer(StreamServicerBase):
                 self.stats.request_aborted()
             request.close()
 
+    def open_requests(self) -> list[VllmRequest]:
+        return list(self._requests.values())
+
     def _engine_stats(self) -> inference_pb2.EngineStats:
         return self.stats.snapshot()

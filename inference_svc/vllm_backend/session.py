@@ -95,7 +95,9 @@ class VllmRequest:
         self._inputs: asyncio.Queue | None = None   # chunks for the running session; None: not a session
         self._submitted = 0                        # prompt tokens sent to the current incarnation
         self._turns_sent = 0
+        self._turns_done = 0                       # turns of the current incarnation vLLM has finished
         self._final_turn: int | None = None
+        self.opened_wall = self.last_chunk_wall = time.time()   # the clock of the scheduler's marks
         self._scheduled = False
         self.finished = False
 
@@ -146,6 +148,29 @@ class VllmRequest:
         """The call ended (any reason): stop the vLLM request; cancelling `generate` aborts it."""
         self._stop_incarnation()
 
+    # --- memory pressure (pressure.py) ----------------------------------------------------------
+    @property
+    def submitted_tokens(self) -> int:
+        return self._submitted
+
+    @property
+    def idle_session(self) -> bool:
+        """A session between turns: every turn sent is done and more input is awaited; vLLM keeps its KV."""
+        return (not self.finished and self._inputs is not None and self._final_turn is None
+                and self._turns_done == self._turns_sent)
+
+    @property
+    def has_pending_work(self) -> bool:
+        """Something submitted that vLLM has not finished: a turn, or a whole prompt."""
+        return not self.finished and self._task is not None and not self.idle_session
+
+    def evict(self) -> None:
+        """Recompute eviction of an idle session: end its vLLM request (the blocks return to the pool,
+        hashed for the prefix cache); the next input submits the prompt again."""
+        self._stop_incarnation()
+        self.stats.preemptions_recompute += 1
+        self._emit(EventKind.PREEMPTED_RECOMPUTE)
+
     # --- incarnations -------------------------------------------------------------------------
     def _start_session(self, first: list[int]) -> None:
         self._inputs = asyncio.Queue()
@@ -170,6 +195,7 @@ class VllmRequest:
     def _launch(self, outputs: AsyncIterator, submitted: int) -> None:
         self._incarnation += 1
         self._submitted = submitted
+        self._turns_done = 0
         self._task = asyncio.create_task(self._consume(self._incarnation, outputs),
                                          name=f"vllm-{self.request_id}-{self._incarnation}")
 
@@ -213,6 +239,8 @@ class VllmRequest:
                             self._end(FINISH_REASONS.get(completion.finish_reason, FinishReason.STOP))
                             return
                         turn += 1
+                        if incarnation == self._incarnation:
+                            self._turns_done = turn
         except asyncio.CancelledError:
             raise
         except Exception as exc:   # vLLM rejected the input or failed: end the call with its message
@@ -249,6 +277,7 @@ class VllmRequest:
 
     def _arrived(self, arrived_at: float) -> None:
         self.stats.last_input_time = arrived_at
+        self.last_chunk_wall = time.time()
 
     def _emit(self, kind: EventKind, *, count: int = 0, token_id: int | None = None, text: str = "",
               detail: str = "") -> None:

@@ -1,0 +1,112 @@
+"""Recompute eviction of idle streaming sessions when vLLM stalls on KV memory.
+
+A streaming-input session keeps its KV blocks between turns (vLLM's `WAITING_FOR_STREAMING_REQ`),
+and vLLM's scheduler never preempts such a session: it preempts only running requests. With a small
+KV pool and many sessions open, the idle sessions can hold every block while the requests that have
+work wait for blocks that never come: no request runs, every step is empty, and nothing finishes
+until the callers' deadlines (docs/vllm-bench/pressure-deadlock/: 22 requests waiting, 0 running,
+1 of 66 blocks free, 225,000 empty steps).
+
+`IdleSessionEvictor` watches for that stall from the backend's side, where both halves are known:
+vLLM's step counters (running requests, steps taken) and which of our requests have a submitted
+turn or prompt pending and which are idle sessions. When the engine keeps stepping with nothing
+running while some request has work pending, for `patience` polls in a row, it evicts one idle
+session: the lowest-ranked by our policy (the same `PolicyRanker` and policy definitions the
+scheduler class uses; fcfs: the newest partial prompt). Eviction ends the session's vLLM request
+(its blocks go back to the pool, still hashed for the prefix cache); its next chunk, or `finish`,
+submits the prompt again (recompute). vLLM's own scheduler (`--policy default`, vLLM-S) runs
+without it: that baseline is vLLM as it is.
+
+Duck-typed, no vllm import: `requests` are `VllmRequest`s (session.py), `counters` the stat
+logger's `VllmCounters` (engine.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from inference_svc.vllm_backend.ranking import PolicyRanker, stream_marks
+
+log = logging.getLogger(__name__)
+POLL_S = 0.05
+PATIENCE = 3          # stalled polls in a row before an eviction (a fresh turn may wait a step or two)
+
+
+@dataclass(slots=True)
+class SessionView:
+    """An idle session as `PolicyRanker` reads a vLLM request (the attributes ranking.py uses)."""
+
+    request_id: str
+    arrival_time: float
+    sampling_params: Any
+    num_computed_tokens: int
+    num_preemptions: int
+    status: str = "WAITING_FOR_STREAMING_REQ"
+    streaming_queue: tuple = field(default=())
+
+
+class IdleSessionEvictor:
+    def __init__(self, counters: Any, requests: Callable[[], Iterable[Any]], policy: str,
+                 patience: int = PATIENCE) -> None:
+        self.counters = counters
+        self.requests = requests
+        self.ranker = PolicyRanker(policy)
+        self.patience = patience
+        self.evictions = 0
+        self._stalled = 0
+        self._last_steps = -1
+
+    def poll(self) -> Any | None:
+        """One look at the engine; returns the request evicted, if any."""
+        with self.counters.lock:
+            steps, running = self.counters.steps, self.counters.num_running
+        requests = list(self.requests())
+        idle = [r for r in requests if r.idle_session]
+        pending = any(r.has_pending_work for r in requests)
+        stepping = steps > self._last_steps >= 0
+        self._last_steps = steps
+        if not (pending and idle and stepping and running == 0):
+            self._stalled = 0
+            return None
+        self._stalled += 1
+        if self._stalled < self.patience:
+            return None
+        self._stalled = 0
+        victim = self.lowest_ranked(idle)
+        victim.evict()
+        self.evictions += 1
+        log.info("KV stall (nothing running, %d idle sessions): evicted %s", len(idle), victim.request_id)
+        return victim
+
+    def lowest_ranked(self, idle: list[Any]) -> Any:
+        """The idle session our policy ranks last."""
+        views = [SessionView(r.request_id, r.opened_wall, _Marks(r.last_chunk_wall), r.submitted_tokens,
+                             r.stats.preemptions_recompute) for r in idle]
+        of_view = {id(v): r for v, r in zip(views, idle, strict=True)}
+        ranked = self.ranker.rank(views, now=time.time())
+        self.ranker.forget(r.request_id for r in idle)
+        return of_view[id(ranked[-1])]
+
+    async def run(self) -> None:
+        while True:
+            await asyncio.sleep(POLL_S)
+            try:
+                self.poll()
+            except Exception:   # never let a bad poll end the watch
+                log.exception("idle-session eviction check failed")
+
+
+@dataclass(slots=True)
+class _Marks:
+    """`sampling_params` of an idle session: partial, last chunk at `chunk_at` (wall clock)."""
+
+    chunk_at: float
+    extra_args: dict = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.extra_args = stream_marks(complete=False, chunk_at=self.chunk_at)
