@@ -451,9 +451,10 @@ ENGINE_COUNTERS = ("prompt_tokens_computed", "prefix_cache_hit_tokens", "generat
 
 
 async def _engine_counters(stub: Any) -> dict[str, int]:
-    """The service's engine-wide counters (`GetStats`). On vLLM they are the only exact count of
-    the prompt tokens an update's resubmission recomputed: a request's own `tokens_computed` there
-    is an estimate (docs/vllm.md)."""
+    """The service's engine-wide counters (`GetStats`). On the native engine `prompt_tokens_computed`
+    is every prompt token prefilled; on vLLM it is what vLLM's iteration stats count, a request's
+    first prefill only (the later turns of a streaming session are not in it), so there it measures
+    resubmissions (an update's, an evicted session's) and Generate, not streaming turns (docs/vllm.md)."""
     from protos import inference_pb2
 
     counters = (await stub.GetStats(inference_pb2.GetStatsRequest(), timeout=60)).stats.counters
