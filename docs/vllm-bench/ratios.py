@@ -1,10 +1,11 @@
-"""Issue 16's ratios from `bench replay --engine vllm --policies default,fcfs` runs, one per seed.
+"""Issue 13's and 16's cross-configuration ratios from `bench replay` runs, one run per seed.
 
     python docs/vllm-bench/ratios.py DIR [DIR ...]     # each DIR holds one run's summary.json
 
-Per seed, from the same run: vLLM + our fcfs (streaming) against vLLM-S (policy default,
-streaming) and against vLLM-NS (policy default, non-streaming), TTFT p50/p95/p99 (ratio =
-baseline TTFT / fcfs TTFT: above 1 means fcfs is faster). Then the median and min-max over seeds.
+Per seed, from the same run, every pair below whose two configurations the run holds: TTFT
+p50/p95/p99 ratio = baseline TTFT / subject TTFT (above 1: the subject is faster). Then the median
+and min-max over seeds. vLLM-NS is `Generate` on the `default` service, or on the `fcfs` one where
+the run had only that (`--policies fcfs`: the baseline runs in the first configuration).
 """
 
 from __future__ import annotations
@@ -15,36 +16,45 @@ import sys
 from pathlib import Path
 
 PCTS = ("p50", "p95", "p99")
+NAMES = {("vllm", "default", True): "vLLM-S", ("vllm", "fcfs", True): "vLLM+fcfs",
+         ("native", "fcfs", True): "native fcfs-S", ("native", "default", True): "native default-S"}
+# (subject, baseline): the question each pair answers
+PAIRS = [("vLLM+fcfs", "vLLM-S"), ("vLLM+fcfs", "vLLM-NS"), ("vLLM+fcfs", "native fcfs-S"),
+         ("native fcfs-S", "vLLM-S"), ("native fcfs-S", "vLLM-NS"), ("native fcfs-S", "native-NS")]
 
 
-def configs(directory: Path) -> dict[tuple, dict]:
+def configs(directory: Path) -> dict[str, dict]:
     out = {}
     for c in json.loads((directory / "summary.json").read_text())["configs"]:
-        out[(c.get("engine"), c["policy"], c["streaming"])] = c
+        key = (c.get("engine", "native"), c["policy"], c["streaming"])
+        if key in NAMES:
+            out[NAMES[key]] = c
+        elif not c["streaming"]:
+            name = "vLLM-NS" if key[0] == "vllm" else "native-NS"
+            if name not in out or key[1] == "default":
+                out[name] = c
     return out
 
 
 def main(dirs: list[str]) -> None:
-    per: dict[str, dict[str, list[float]]] = {}
+    per: dict[str, list[float]] = {}
     for d in dirs:
         cs = configs(Path(d))
-        fcfs = cs[("vllm", "fcfs", True)]["ttft_s"]
-        base = {"vLLM-S": cs[("vllm", "default", True)]["ttft_s"], "vLLM-NS": cs[("vllm", "default", False)]["ttft_s"]}
+        print(f"{d}: " + "; ".join(f"{name} " + "/".join(f"{c['ttft_s'][p]:.3f}" for p in PCTS)
+                                     + f" ({c['requests']} ok, {c.get('failed', 0)} failed,"
+                                       f" completion {c['trace_completion_s']:.0f} s)"
+                                     for name, c in cs.items()))
         cells = []
-        for name, b in base.items():
-            for p in PCTS:
-                r = b[p] / fcfs[p]
-                per.setdefault(f"{name} {p}", {}).setdefault("r", []).append(r)
-                cells.append(f"{name} {p} {r:.2f}x")
-        ttfts = "; ".join(f"{k[1]}{'-S' if k[2] else '-NS'} " + "/".join(f"{c['ttft_s'][p]:.2f}" for p in PCTS)
-                          + f" (completion {c['trace_completion_s']:.0f} s)"
-                          for k, c in cs.items())
-        print(f"{d}: {ttfts}\n    " + ", ".join(cells))
-    if len(dirs) > 1:
-        print("median (min-max) over seeds:")
-        for key, v in per.items():
-            r = v["r"]
-            print(f"    fcfs vs {key}: {statistics.median(r):.2f}x ({min(r):.2f}-{max(r):.2f})")
+        for subject, baseline in PAIRS:
+            if subject in cs and baseline in cs:
+                for p in PCTS:
+                    r = cs[baseline]["ttft_s"][p] / cs[subject]["ttft_s"][p]
+                    per.setdefault(f"{subject} vs {baseline} {p}", []).append(r)
+                    cells.append(f"{subject} vs {baseline} {p} {r:.2f}x")
+        print("    " + ", ".join(cells))
+    print(f"median (min-max) over {len(dirs)} seed(s):")
+    for key, r in per.items():
+        print(f"    {key}: {statistics.median(r):.2f}x ({min(r):.2f}-{max(r):.2f})")
 
 
 if __name__ == "__main__":
