@@ -8,11 +8,14 @@ until the callers' deadlines (docs/vllm-bench/pressure-deadlock/: 22 requests wa
 1 of 66 blocks free, 225,000 empty steps).
 
 `IdleSessionEvictor` watches for that stall from the backend's side, where both halves are known:
-vLLM's step counters (running requests, steps taken) and which of our requests have a submitted
-turn or prompt pending and which are idle sessions. When the engine keeps stepping with nothing
-running while some request has work pending, for `patience` polls in a row, it evicts one idle
-session: the lowest-ranked by our policy (the same `PolicyRanker` and policy definitions the
-scheduler class uses; fcfs: the newest partial prompt). Eviction ends the session's vLLM request
+vLLM's step counters (running requests, steps taken, KV blocks in use) and which of our requests
+have a submitted turn or prompt pending (and how many tokens) and which are idle sessions. When the
+engine keeps stepping with nothing running while some request has work pending that needs more
+blocks than are free, for `patience` polls in a row, it evicts one idle session (without the block
+check it also fired without any memory pressure: nothing runs for a moment between turns, 17
+evictions in a run whose pool never fell below 253 free blocks of 364). The victim is the idle
+session our policy ranks last (the same `PolicyRanker` and policy definitions the scheduler class
+uses; fcfs: the newest partial prompt). Eviction ends the session's vLLM request
 (its blocks go back to the pool, still hashed for the prefix cache); its next chunk, or `finish`,
 submits the prompt again (recompute). vLLM's own scheduler (`--policy default`, vLLM-S) runs
 without it: that baseline is vLLM as it is.
@@ -51,10 +54,11 @@ class SessionView:
 
 
 class IdleSessionEvictor:
-    def __init__(self, counters: Any, requests: Callable[[], Iterable[Any]], policy: str,
-                 patience: int = PATIENCE) -> None:
+    def __init__(self, counters: Any, requests: Callable[[], Iterable[Any]], policy: str, total_blocks: int,
+                 block_size: int, patience: int = PATIENCE) -> None:
         self.counters = counters
         self.requests = requests
+        self.total_blocks, self.block_size = total_blocks, block_size
         self.ranker = PolicyRanker(policy)
         self.patience = patience
         self.evictions = 0
@@ -64,13 +68,15 @@ class IdleSessionEvictor:
     def poll(self) -> Any | None:
         """One look at the engine; returns the request evicted, if any."""
         with self.counters.lock:
-            steps, running = self.counters.steps, self.counters.num_running
+            steps, running, usage = self.counters.steps, self.counters.num_running, self.counters.kv_cache_usage
+        free_blocks = self.total_blocks - round(usage * self.total_blocks)
         requests = list(self.requests())
         idle = [r for r in requests if r.idle_session]
-        pending = any(r.has_pending_work for r in requests)
+        needs = [-(-r.pending_tokens // self.block_size) for r in requests if r.has_pending_work]
+        starved = bool(needs) and min(needs) > free_blocks      # not even the smallest pending work fits
         stepping = steps > self._last_steps >= 0
         self._last_steps = steps
-        if not (pending and idle and stepping and running == 0):
+        if not (starved and idle and stepping and running == 0):
             self._stalled = 0
             return None
         self._stalled += 1
@@ -80,7 +86,8 @@ class IdleSessionEvictor:
         victim = self.lowest_ranked(idle)
         victim.evict()
         self.evictions += 1
-        log.info("KV stall (nothing running, %d idle sessions): evicted %s", len(idle), victim.request_id)
+        log.info("KV stall (nothing running, %d free blocks, %d idle sessions): evicted %s", free_blocks, len(idle),
+                 victim.request_id)
         return victim
 
     def lowest_ranked(self, idle: list[Any]) -> Any:

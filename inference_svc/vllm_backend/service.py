@@ -79,7 +79,9 @@ class VllmInferenceService:
     async def start(self, handle_signals: bool = True) -> int:
         port = await self.runner.start(handle_signals=handle_signals)
         if self.spec.policy != "default":   # vLLM-S stays vLLM as it is (pressure.py)
-            evictor = IdleSessionEvictor(self.servicer.stats.counters, self.servicer.open_requests, self.spec.policy)
+            stats = self.servicer.stats
+            evictor = IdleSessionEvictor(stats.counters, self.servicer.open_requests, self.spec.policy,
+                                         stats.total_blocks, stats.block_size)
             self._evictor = asyncio.get_running_loop().create_task(evictor.run(), name="idle-session-evictor")
         return port
 

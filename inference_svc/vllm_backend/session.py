@@ -96,6 +96,8 @@ class VllmRequest:
         self._submitted = 0                        # prompt tokens sent to the current incarnation
         self._turns_sent = 0
         self._turns_done = 0                       # turns of the current incarnation vLLM has finished
+        self._done_tokens = 0                      # prompt tokens submitted up to the last finished turn
+        self._turn_ends: list[int] = []            # `_submitted` after each turn sent
         self._final_turn: int | None = None
         self.opened_wall = self.last_chunk_wall = time.time()   # the clock of the scheduler's marks
         self._scheduled = False
@@ -137,6 +139,8 @@ class VllmRequest:
             self._inputs.put_nowait(StreamingInput(TokensPrompt(prompt_token_ids=rest), final))
             self._inputs.put_nowait(_END)
             self._turns_sent += 1
+            self._submitted = len(self.prompt.tokens)
+            self._turn_ends.append(self._submitted)
             return
         # Nothing submitted yet, nothing new to send as the last turn, or seeded sampling: one plain
         # submission of the whole prompt (what was submitted before is found in the prefix cache).
@@ -163,6 +167,11 @@ class VllmRequest:
     def has_pending_work(self) -> bool:
         """Something submitted that vLLM has not finished: a turn, or a whole prompt."""
         return not self.finished and self._task is not None and not self.idle_session
+
+    @property
+    def pending_tokens(self) -> int:
+        """Prompt tokens submitted after the last turn vLLM finished (all of them for a new submission)."""
+        return self._submitted - self._done_tokens
 
     def evict(self) -> None:
         """Recompute eviction of an idle session: end its vLLM request (the blocks return to the pool,
@@ -191,11 +200,13 @@ class VllmRequest:
         self._inputs.put_nowait(StreamingInput(TokensPrompt(prompt_token_ids=tokens), intermediate_params()))
         self._turns_sent += 1
         self._submitted = end
+        self._turn_ends.append(end)
 
     def _launch(self, outputs: AsyncIterator, submitted: int) -> None:
         self._incarnation += 1
         self._submitted = submitted
-        self._turns_done = 0
+        self._turns_done = self._done_tokens = 0
+        self._turn_ends = [submitted]
         self._task = asyncio.create_task(self._consume(self._incarnation, outputs),
                                          name=f"vllm-{self.request_id}-{self._incarnation}")
 
@@ -241,6 +252,7 @@ class VllmRequest:
                         turn += 1
                         if incarnation == self._incarnation:
                             self._turns_done = turn
+                            self._done_tokens = self._turn_ends[min(turn, len(self._turn_ends)) - 1]
         except asyncio.CancelledError:
             raise
         except Exception as exc:   # vLLM rejected the input or failed: end the call with its message

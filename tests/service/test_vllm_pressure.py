@@ -10,11 +10,14 @@ from dataclasses import dataclass, field
 from inference_svc.engine.request import RequestStats
 from inference_svc.vllm_backend.pressure import IdleSessionEvictor
 
+BLOCKS, BLOCK = 66, 128
+
 
 @dataclass
 class Counters:
     steps: int = 0
     num_running: int = 0
+    kv_cache_usage: float = 65 / 66        # one block free
     lock: threading.Lock = field(default_factory=threading.Lock)
 
 
@@ -26,6 +29,7 @@ class FakeRequest:
     idle_session: bool = True
     has_pending_work: bool = False
     submitted_tokens: int = 100
+    pending_tokens: int = 600             # 5 blocks
     stats: RequestStats = field(default_factory=RequestStats)
     evicted: bool = False
 
@@ -46,7 +50,7 @@ def test_a_stall_evicts_the_idle_session_fcfs_ranks_last_after_patience_polls():
     older = FakeRequest("older", opened_wall=100.0, last_chunk_wall=105.0)
     newer = FakeRequest("newer", opened_wall=200.0, last_chunk_wall=201.0)
     waiting = FakeRequest("waiting", 50.0, 50.0, idle_session=False, has_pending_work=True)
-    evictor = IdleSessionEvictor(counters, lambda: [older, newer, waiting], "fcfs", patience=3)
+    evictor = IdleSessionEvictor(counters, lambda: [older, newer, waiting], "fcfs", BLOCKS, BLOCK, patience=3)
     evictor.poll()                                    # first look: no step seen yet
     assert stalled_polls(evictor, counters, 2) == [None, None]
     assert stalled_polls(evictor, counters, 1) == [newer]          # fcfs: the newest arrival ranks last
@@ -58,7 +62,8 @@ def test_lcas_evicts_the_session_whose_last_chunk_is_oldest():
     early_recent = FakeRequest("early-recent", opened_wall=100.0, last_chunk_wall=300.0)
     late_stale = FakeRequest("late-stale", opened_wall=200.0, last_chunk_wall=210.0)
     waiting = FakeRequest("waiting", 50.0, 50.0, idle_session=False, has_pending_work=True)
-    evictor = IdleSessionEvictor(counters, lambda: [early_recent, late_stale, waiting], "lcas", patience=1)
+    evictor = IdleSessionEvictor(counters, lambda: [early_recent, late_stale, waiting], "lcas", BLOCKS, BLOCK,
+                                 patience=1)
     evictor.poll()
     assert stalled_polls(evictor, counters, 1) == [late_stale]
 
@@ -68,7 +73,7 @@ def test_no_eviction_while_something_runs_nothing_waits_or_the_engine_is_not_ste
     idle = FakeRequest("idle", 100.0, 100.0)
     waiting = FakeRequest("waiting", 50.0, 50.0, idle_session=False, has_pending_work=True)
     requests = [idle, waiting]
-    evictor = IdleSessionEvictor(counters, lambda: requests, "fcfs", patience=1)
+    evictor = IdleSessionEvictor(counters, lambda: requests, "fcfs", BLOCKS, BLOCK, patience=1)
     evictor.poll()
     counters.num_running = 1                          # progress: something runs
     assert stalled_polls(evictor, counters, 3) == [None] * 3
@@ -76,6 +81,11 @@ def test_no_eviction_while_something_runs_nothing_waits_or_the_engine_is_not_ste
     assert [evictor.poll() for _ in range(3)] == [None] * 3        # steps do not advance: the engine is idle
     waiting.has_pending_work = False                  # nobody waits for blocks
     assert stalled_polls(evictor, counters, 3) == [None] * 3
-    assert not idle.evicted
     waiting.has_pending_work = True
+    counters.kv_cache_usage = 0.5                     # the pending work fits: nothing runs only for a moment
+    assert stalled_polls(evictor, counters, 3) == [None] * 3
+    counters.kv_cache_usage = 60 / 66                 # 6 blocks free, the 5 the pending work needs
+    assert stalled_polls(evictor, counters, 3) == [None] * 3
+    assert not idle.evicted
+    counters.kv_cache_usage = 65 / 66
     assert stalled_polls(evictor, counters, 1) == [idle]
