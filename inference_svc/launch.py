@@ -1,8 +1,8 @@
 """An Inference service as a subprocess, either backend (`streamrag serve inference --backend B`):
 for benchmarks and tests, so that the service runs in its own process as it does in production
-and beside a client that does not share its interpreter (a client in the service's process takes
-the GIL between the engine thread's operators; `bench concurrent` measured the native service
-26% slower in-process than as a subprocess, docs/benchmarks.md).
+and never shares the client's interpreter: hosted in the client's process, some bursts of the
+native service ran a quarter slower, with the client's event-loop thread busy beside the engine's
+threads (docs/concurrent/hosting.txt).
 
     from inference_svc.launch import start_inference_service
     service = start_inference_service("native", model_dir, port=0, max_streams=64)   # waits until it serves
