@@ -33,6 +33,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from inference_svc.engine.policies import Policy
 from inference_svc.vllm_backend.ranking import PolicyRanker, stream_marks
 
 log = logging.getLogger(__name__)
@@ -54,8 +55,8 @@ class SessionView:
 
 
 class IdleSessionEvictor:
-    def __init__(self, counters: Any, requests: Callable[[], Iterable[Any]], policy: str, total_blocks: int,
-                 block_size: int, patience: int = PATIENCE) -> None:
+    def __init__(self, counters: Any, requests: Callable[[], Iterable[Any]], policy: Policy | str,
+                 total_blocks: int, block_size: int, patience: int = PATIENCE) -> None:
         self.counters = counters
         self.requests = requests
         self.total_blocks, self.block_size = total_blocks, block_size

@@ -11,6 +11,7 @@ import torch
 
 from inference_svc.chat_format import chat_format
 from inference_svc.engine.factory import load_tokenizer
+from inference_svc.engine.policies import make_policy
 from inference_svc.engine.tokenization import SegmentTokenizer
 from inference_svc.metrics import InferenceMetrics
 from inference_svc.vllm_backend.config import VllmSpec
@@ -80,7 +81,8 @@ class VllmInferenceService:
         port = await self.runner.start(handle_signals=handle_signals)
         if self.spec.policy != "default":   # vLLM-S stays vLLM as it is (pressure.py)
             stats = self.servicer.stats
-            evictor = IdleSessionEvictor(stats.counters, self.servicer.open_requests, self.spec.policy,
+            policy = make_policy(self.spec.policy, **dict(self.spec.policy_options))   # as the scheduler class's
+            evictor = IdleSessionEvictor(stats.counters, self.servicer.open_requests, policy,
                                          stats.total_blocks, stats.block_size)
             self._evictor = asyncio.get_running_loop().create_task(evictor.run(), name="idle-session-evictor")
         return port
