@@ -43,9 +43,6 @@ def build_vllm_service(args: argparse.Namespace, model_dir: Path, config: Servic
     return VllmInferenceService(spec, config, args.max_streams)
 
 
-VllmServiceHandle = ServiceHandle
-
-
 def start_vllm_service(model_dir: Path | str | None = None, port: int = 0, max_streams: int = 256, *,
                        python: str | None = None, **options) -> ServiceHandle:
     """`start_inference_service("vllm", ...)`; `python` defaults to $STREAMRAG_VLLM_PYTHON."""

@@ -96,7 +96,6 @@ class VllmRequest:
         self._submitted = 0                        # prompt tokens sent to the current incarnation
         self._turns_sent = 0
         self._turns_done = 0                       # turns of the current incarnation vLLM has finished
-        self._done_tokens = 0                      # prompt tokens submitted up to the last finished turn
         self._turn_ends: list[int] = []            # `_submitted` after each turn sent
         self._final_turn: int | None = None
         self.opened_wall = self.last_chunk_wall = time.time()   # the clock of the scheduler's marks
@@ -171,7 +170,8 @@ class VllmRequest:
     @property
     def pending_tokens(self) -> int:
         """Prompt tokens submitted after the last turn vLLM finished (all of them for a new submission)."""
-        return self._submitted - self._done_tokens
+        done = self._turn_ends[min(self._turns_done, len(self._turn_ends)) - 1] if self._turns_done else 0
+        return self._submitted - done
 
     def evict(self) -> None:
         """Recompute eviction of an idle session: end its vLLM request (the blocks return to the pool,
@@ -205,7 +205,7 @@ class VllmRequest:
     def _launch(self, outputs: AsyncIterator, submitted: int) -> None:
         self._incarnation += 1
         self._submitted = submitted
-        self._turns_done = self._done_tokens = 0
+        self._turns_done = 0
         self._turn_ends = [submitted]
         self._task = asyncio.create_task(self._consume(self._incarnation, outputs),
                                          name=f"vllm-{self.request_id}-{self._incarnation}")
@@ -252,7 +252,6 @@ class VllmRequest:
                         turn += 1
                         if incarnation == self._incarnation:
                             self._turns_done = turn
-                            self._done_tokens = self._turn_ends[min(turn, len(self._turn_ends)) - 1]
         except asyncio.CancelledError:
             raise
         except Exception as exc:   # vLLM rejected the input or failed: end the call with its message
