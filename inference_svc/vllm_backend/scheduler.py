@@ -44,7 +44,8 @@ from inference_svc.vllm_backend.ranking import PolicyRanker
 _READY = (RequestStatus.WAITING, RequestStatus.PREEMPTED)
 # Set to a path prefix, the class writes one JSON line per step to PREFIX.<pid>.jsonl (benchmark
 # evidence: queue lengths, what it held back or preempted (ours; total: vLLM's and ours), tokens
-# scheduled to complete and partial prompts). Unset: nothing is written.
+# scheduled to complete and partial prompts, and per request: "scheduled" maps each request id to its
+# tokens this step, "complete" lists the ids of those whose context is complete). Unset: nothing is written.
 STEP_LOG_ENV = "STREAMRAG_VLLM_STEP_LOG"
 
 
@@ -85,12 +86,14 @@ class PolicySchedulingMixin:
     def _log_step(self, now: float, out: Any, runnable: list, held_running: int, held_waiting: int) -> None:
         tokens = out.num_scheduled_tokens
         complete = partial = 0
+        complete_ids = []
         for rid, n in tokens.items():
             request = self.requests.get(rid)
             if request is not None and not self.ranker.is_complete(request):
                 partial += n
             else:
                 complete += n
+                complete_ids.append(rid)
         waiting_complete = sum(1 for r in runnable if r.request_id not in tokens and self.ranker.is_complete(r))
         self._step_log.write(json.dumps({
             "t": round(now, 4), "running": len(self.running), "waiting": len(self.waiting),
@@ -99,7 +102,8 @@ class PolicySchedulingMixin:
             "preempted_total": len(getattr(out, "preempted_req_ids", None) or ()),
             "tokens_complete": complete, "tokens_partial": partial, "requests": len(tokens),
             "complete_not_scheduled": waiting_complete,
-            "free_blocks": self.kv_cache_manager.block_pool.get_num_free_blocks()}) + "\n")
+            "free_blocks": self.kv_cache_manager.block_pool.get_num_free_blocks(),
+            "scheduled": dict(tokens), "complete": complete_ids}) + "\n")
         self._step_log.flush()
 
     def _free_request(self, request, *args: Any, **kwargs: Any):
