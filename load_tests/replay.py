@@ -44,7 +44,6 @@ import math
 import os
 import random
 import sys
-import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
@@ -64,6 +63,7 @@ from inference_svc.engine.options import (
     POLICY_CHOICES,
 )
 from inference_svc.server_args import add_speculative_args
+from load_tests.cli_types import positive_float, positive_int
 from load_tests.plots import write_plots
 from load_tests.report import BASELINE_ONCE_KEYS, PAIR_KEYS, add_speedups, render_report, summarize_run
 from retriever_svc.stability import stability_hints
@@ -340,37 +340,6 @@ async def replay_run(stub: Any, queries: Sequence[TraceQuery], *, streaming: boo
 
 # --- the service ------------------------------------------------------------------------------
 
-class InProcessInference:
-    """An `InferenceService` on a loopback port, on its own thread and event loop."""
-
-    def __init__(self, spec: Any, max_streams: int) -> None:
-        self.spec, self.max_streams = spec, max_streams
-        self.loop = asyncio.new_event_loop()
-        self.thread = threading.Thread(target=self.loop.run_forever, name="bench-inference", daemon=True)
-        self.thread.start()
-        try:
-            port = asyncio.run_coroutine_threadsafe(self._start(), self.loop).result(timeout=600)
-        except BaseException:
-            self.loop.call_soon_threadsafe(self.loop.stop)
-            raise
-        self.address = f"127.0.0.1:{port}"
-
-    async def _start(self) -> int:
-        from inference_svc.server import InferenceService
-        from servicekit.config import ServiceConfig
-
-        self.service = InferenceService(self.spec, ServiceConfig("inference", port=0, metrics_port=None),
-                                        self.max_streams)
-        return await self.service.start(handle_signals=False)
-
-    def stop(self) -> None:
-        try:
-            asyncio.run_coroutine_threadsafe(self.service.stop(0), self.loop).result(timeout=60)
-        finally:
-            self.loop.call_soon_threadsafe(self.loop.stop)
-            self.thread.join(timeout=60)
-
-
 def service_flags(args: argparse.Namespace, engine: str, eviction: str) -> list[str]:
     """`streamrag serve inference` flags for this run's engine settings (the policy is passed apart)."""
     flags = ["--token-budget", str(args.token_budget), "--eviction", eviction]
@@ -378,8 +347,10 @@ def service_flags(args: argparse.Namespace, engine: str, eviction: str) -> list[
         flags += ["--kv-device-blocks", str(args.kv_device_blocks)]
     if engine == "native":
         share = "off" if args.speculative_share is None else str(args.speculative_share)
+        deferral = "off" if args.speculative_deferral is None else str(args.speculative_deferral)
         flags += ["--kv-cpu-blocks", str(args.kv_cpu_blocks), "--speculative-share", share,
-                  "--speculative-reserve-share", str(args.speculative_reserve_share)]
+                  "--speculative-reserve-share", str(args.speculative_reserve_share),
+                  "--speculative-deferral", deferral]
     return flags
 
 
@@ -584,24 +555,10 @@ def _finite(obj: Any) -> Any:
 
 # --- CLI --------------------------------------------------------------------------------------
 
-def _positive_float(text: str) -> float:
-    value = float(text)
-    if not (math.isfinite(value) and value > 0):
-        raise argparse.ArgumentTypeError(f"must be a number > 0, got {text}")
-    return value
-
-
-def _positive_int(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {text}")
-    return value
-
-
 def add_bench_replay_args(parser: argparse.ArgumentParser) -> None:
     """Flags of `streamrag bench replay`."""
     parser.add_argument("--trace", type=Path, required=True, help="trace file (docs/trace-format.md)")
-    parser.add_argument("--qps", type=_positive_float, action="append", required=True,
+    parser.add_argument("--qps", type=positive_float, action="append", required=True,
                         help="query arrival rate (Poisson); repeat for several loads")
     parser.add_argument("--engine", default="native",
                         help="comma-separated engines: native (ours) and/or vllm (a --backend vllm service; "
@@ -615,11 +572,11 @@ def add_bench_replay_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--eviction", default=None,
                         help=f"comma-separated eviction modes (default: {DEFAULT_EVICTION} on native, recompute on "
                              "vllm, the only mode vLLM honours)")
-    parser.add_argument("--kv-device-blocks", type=_positive_int, default=None,
+    parser.add_argument("--kv-device-blocks", type=positive_int, default=None,
                         help="device KV pool size in blocks (small: memory pressure)")
     parser.add_argument("--kv-cpu-blocks", type=int, default=DEFAULT_KV_CPU_BLOCKS,
                         help="CPU (swap) KV pool size in blocks")
-    parser.add_argument("--token-budget", type=_positive_int, default=DEFAULT_TOKEN_BUDGET,
+    parser.add_argument("--token-budget", type=positive_int, default=DEFAULT_TOKEN_BUDGET,
                         help="tokens per engine step")
     add_speculative_args(parser)
     parser.add_argument("--stability-hints", choices=["on", "off"], default="on",
@@ -628,13 +585,13 @@ def add_bench_replay_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--doc-order", choices=["stable", "ranked"], default="stable",
                         help="update-mode document order: stable (the orchestrator's: survivors stay in place, "
                              "new documents follow) or ranked (each update in the retriever's rank order)")
-    parser.add_argument("--delay-multiplier", type=_positive_float, default=1.0,
+    parser.add_argument("--delay-multiplier", type=positive_float, default=1.0,
                         help="stretch the gaps between a query's chunks (longer residency: memory pressure)")
     parser.add_argument("--baseline", choices=["once", "each"], default="once",
                         help="run the non-streaming baseline once per engine (in the first configuration) "
                              "or in every configuration")
-    parser.add_argument("--max-queries", type=_positive_int, default=None, help="first N queries of each workload")
-    parser.add_argument("--output-tokens", type=_positive_int, default=1,
+    parser.add_argument("--max-queries", type=positive_int, default=None, help="first N queries of each workload")
+    parser.add_argument("--output-tokens", type=positive_int, default=1,
                         help="tokens generated per request (1: prefill instance)")
     parser.add_argument("--seed", type=int, default=0, help="Poisson arrivals seed")
     parser.add_argument("--address", default=None,
@@ -642,9 +599,9 @@ def add_bench_replay_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", type=Path, default=None, help="model directory (default: the embedded model)")
     parser.add_argument("--device", default=DEFAULT_DEVICE, help="cpu or cuda[:N]")
     parser.add_argument("--dtype", default=DEFAULT_DTYPE, choices=DTYPE_CHOICES)
-    parser.add_argument("--max-streams", type=_positive_int, default=DEFAULT_MAX_STREAMS,
+    parser.add_argument("--max-streams", type=positive_int, default=DEFAULT_MAX_STREAMS,
                         help="the service's concurrent streams")
-    parser.add_argument("--request-timeout", type=_positive_float, default=600.0, help="deadline per request (s)")
+    parser.add_argument("--request-timeout", type=positive_float, default=600.0, help="deadline per request (s)")
     parser.add_argument("--out", type=Path, required=True, help="output directory")
 
 

@@ -19,8 +19,10 @@ def fake_engine(
     eviction: str = "cost",
     budget: int = 32,
     predict=next_token,
+    clock=None,
     **config,
 ) -> Engine:
+    """`clock`: the engine's clock (default time.monotonic); `config`: more EngineConfig fields."""
     runner = FakeRunner(device_blocks, cpu_blocks, BLOCK, predict=predict)
     return Engine(
         runner,
@@ -34,6 +36,7 @@ def fake_engine(
             eviction=eviction,
             **config,
         ),
+        **({"clock": clock} if clock is not None else {}),
     )
 
 
