@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import random
 import sys
 import time
@@ -28,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from inference_svc.engine.options import DEFAULT_DEVICE, DEFAULT_DTYPE, DEFAULT_TOKEN_BUDGET, DTYPE_CHOICES
+from load_tests.cli_types import int_list, positive_int, write_json
 from load_tests.seeds import spread
 from servicekit.progress import say
 
@@ -107,7 +107,7 @@ def run(args: argparse.Namespace, progress: Callable[[str], None] = say) -> dict
     engines = [e.strip() for e in args.engine.split(",") if e.strip()]
     if not engines or any(e not in ENGINES for e in engines):
         raise ValueError(f"--engine: a comma-separated list of {', '.join(ENGINES)}, got {args.engine!r}")
-    seeds = [int(s) for s in args.seeds.split(",")]
+    seeds = args.seeds
     rows: list[dict[str, Any]] = []
     for engine in engines:
         service = start_service(args, engine)
@@ -141,13 +141,13 @@ def render(result: dict[str, Any]) -> str:
 
 
 def add_bench_concurrent_args(parser: argparse.ArgumentParser) -> None:
-    from load_tests.replay import _default_vllm_python, _positive_int
+    from load_tests.replay import _default_vllm_python
 
     parser.add_argument("--engine", default="native,vllm", help="comma-separated: native and/or vllm")
-    parser.add_argument("--concurrency", type=_positive_int, default=16, help="Generate calls sent at once")
-    parser.add_argument("--prompt-tokens", type=_positive_int, default=1150, help="tokens per prompt")
-    parser.add_argument("--seeds", default="0,1,2", help="comma-separated seeds (new prompts for each)")
-    parser.add_argument("--token-budget", type=_positive_int, default=DEFAULT_TOKEN_BUDGET, help="tokens per step")
+    parser.add_argument("--concurrency", type=positive_int, default=16, help="Generate calls sent at once")
+    parser.add_argument("--prompt-tokens", type=positive_int, default=1150, help="tokens per prompt")
+    parser.add_argument("--seeds", type=int_list, default="0,1,2", help="comma-separated seeds (new prompts for each)")
+    parser.add_argument("--token-budget", type=positive_int, default=DEFAULT_TOKEN_BUDGET, help="tokens per step")
     parser.add_argument("--model", type=Path, default=None, help="model directory (default: the embedded model)")
     parser.add_argument("--device", default=DEFAULT_DEVICE)
     parser.add_argument("--dtype", default=DEFAULT_DTYPE, choices=DTYPE_CHOICES)
@@ -164,7 +164,6 @@ def run_bench_concurrent(args: argparse.Namespace) -> int:
         return 1
     print(render(result))
     if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(result, indent=1) + "\n")
+        write_json(args.json, result)
         print(f"wrote {args.json}")
     return 0

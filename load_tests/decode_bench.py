@@ -34,6 +34,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from load_tests.cli_types import int_list, positive_int_list, write_json
 from servicekit.progress import say
 
 QUESTIONS = Path(__file__).with_name("quality_questions.jsonl")
@@ -265,9 +266,10 @@ def add_bench_decode_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", default=DEFAULT_DEVICE)
     parser.add_argument("--dtype", default=DEFAULT_DTYPE, choices=DTYPE_CHOICES)
     parser.add_argument("--workloads", default="rag,free")
-    parser.add_argument("--concurrency", default="1,8", help="requests decoding together, comma-separated")
+    parser.add_argument("--concurrency", type=positive_int_list, default="1,8",
+                        help="requests decoding together, comma-separated")
     parser.add_argument("--modes", default=",".join(MODES), help="speculation settings, comma-separated")
-    parser.add_argument("--seeds", default="0,1,2")
+    parser.add_argument("--seeds", type=int_list, default="0,1,2")
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--draft-budget", type=int, default=None, help="engine draft budget (default: the engine's)")
     parser.add_argument("--cost-ratio", type=float, default=None,
@@ -307,7 +309,7 @@ def run_bench_decode(args: argparse.Namespace) -> int:
     if args.verify_cost:
         depths = sorted({0} | {parse_speculation(m) for m in modes if parse_speculation(m)})
         cost = measure_verify_cost(engine.runner, args.verify_context,
-                                   [int(c) for c in args.concurrency.split(",")], depths)
+                                   args.concurrency, depths)
         print("| batch | context | k | step ms (min-max) | vs plain step | per draft token |")
         print("|---:|---:|---:|---|---:|---:|")
         for r in cost:
@@ -318,15 +320,15 @@ def run_bench_decode(args: argparse.Namespace) -> int:
         print(f"step time ~ {fixed_ms:.2f} ms + {per_token_ms:.3f} ms per computed token: "
               f"cost_ratio (one more token / a step's fixed cost) = {per_token_ms / fixed_ms:.4f}")
         if args.json:
-            args.json.write_text(json.dumps({"verify_cost": cost, "fixed_ms": fixed_ms, "per_token_ms": per_token_ms,
-                                             "cost_ratio": per_token_ms / fixed_ms}, indent=2))
+            write_json(args.json, {"verify_cost": cost, "fixed_ms": fixed_ms, "per_token_ms": per_token_ms,
+                                   "cost_ratio": per_token_ms / fixed_ms})
         return 0
     chat = chat_format(engine.tokenizer.tokenizer, tuple(engine.runner.eos_token_ids))
     makers = {"rag": rag_prompts, "free": free_prompts}
-    concurrencies = [int(c) for c in args.concurrency.split(",")]
+    concurrencies = args.concurrency
     runs = []
     say(f"decode bench: {spec.dtype}, modes {modes}, concurrency {concurrencies}, seeds {args.seeds}")
-    for seed in (int(s) for s in args.seeds.split(",")):
+    for seed in args.seeds:
         for workload in args.workloads.split(","):
             prompts = makers[workload](chat, max(concurrencies), random.Random(seed))
             for concurrency in concurrencies:
@@ -340,11 +342,11 @@ def run_bench_decode(args: argparse.Namespace) -> int:
                          f"acceptance {result['acceptance']:.2f} answer {result['answer_tokens']:.0f} tokens "
                          f"({time.perf_counter() - started:.1f}s)")
                     if args.json:   # after every run, so an interrupted benchmark keeps what it measured
-                        args.json.write_text(json.dumps({"rows": _combine(runs), "runs": runs}, indent=2))
+                        write_json(args.json, {"rows": _combine(runs), "runs": runs})
     rows = _combine(runs)
     print(format_table(rows))
     if args.json:
-        args.json.write_text(json.dumps({"rows": rows, "runs": runs}, indent=2))
+        write_json(args.json, {"rows": rows, "runs": runs})
     return 0
 
 

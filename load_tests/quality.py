@@ -33,6 +33,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from load_tests.cli_types import write_json
 from orchestrator.documents import page_of
 from servicekit.stats import percentile
 
@@ -246,9 +247,8 @@ def run_bench_quality(args: argparse.Namespace) -> int:
     summary = summarize(outcomes, ks)
     print(render(summary, ks))
     if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps({
+        write_json(args.json, {
             "questions": str(args.questions), "orchestrator": args.orchestrator, "top_k": args.top_k,
             "max_tokens": args.max_tokens, "duration_s": round(time.monotonic() - started, 1),
-            "summary": summary, "asks": [asdict(o) for o in outcomes]}, indent=1) + "\n")
+            "summary": summary, "asks": [asdict(o) for o in outcomes]})
     return 1 if any(o.error for o in outcomes) else 0

@@ -24,13 +24,13 @@ each constant offline:
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from load_tests.cli_types import write_json
 from load_tests.quality import Question, answers, page_of, questions_or_none
 
 THRESHOLDS = (0.0, 0.1, 0.15, 0.2, 0.25, 0.3, 0.35, 0.4, 0.5)
@@ -149,11 +149,9 @@ def run_bench_relevance(args: argparse.Namespace) -> int:
     margins = [margin_row(crawls, CRAWLER_MIN_RELEVANCE, args.top_k, m) for m in MARGINS]
     print(render(thresholds, margins, args.top_k, CRAWLER_MIN_RELEVANCE, RELEVANCE_MARGIN))
     if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps({
+        write_json(args.json, {
             "questions": str(args.questions), "crawler": args.crawler, "pages": args.pages, "top_k": args.top_k,
             "deadline_ms": args.deadline_ms,
             "duration_s": round(time.monotonic() - started, 1), "thresholds": thresholds, "margins": margins,
-            "crawls": {q.id: [asdict(p) for p in c] for q, c in zip(questions, crawls, strict=True)}},
-            indent=1) + "\n")
+            "crawls": {q.id: [asdict(p) for p in c] for q, c in zip(questions, crawls, strict=True)}})
     return 0

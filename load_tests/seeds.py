@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from load_tests.cli_types import write_json
 from load_tests.report import PERCENTILES
 
 KEY = ("engine", "workload", "policy", "eviction", "qps", "streaming")
@@ -93,7 +94,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     rows = combine([load(d) for d in args.runs])
     out = args.out or args.runs[0].parent / "seeds.json"
-    out.write_text(json.dumps({"runs": [str(d) for d in args.runs], "rows": rows}, indent=2) + "\n")
+    write_json(out, {"runs": [str(d) for d in args.runs], "rows": rows})
     print(render(rows, args.label))
     return 0
 

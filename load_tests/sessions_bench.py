@@ -2,7 +2,7 @@
 against Generate (cold), our prefix-cache path (warm Generate) and, when installed, vLLM's
 prefix caching; Flash hits; ingestion throughput with and without queries running.
 
-The real inference service runs in-process on a loopback port (the service's defaults, dtype
+The real inference service runs as a subprocess on a loopback port (the service's defaults, dtype
 `auto`: bf16 where the CPU has it) and everything goes through gRPC, as a client sees it. Per
 seed, one session (instructions + a synthetic server log, deterministic per seed) grows to each
 point of `--points` (tokens of head + data, default about 1k to 7.5k of SmolLM2's 8,192
@@ -38,7 +38,6 @@ JSON, `.png`, or `--plot`). Progress goes to stderr.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import random
 import statistics
@@ -49,6 +48,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from load_tests.cli_types import int_list, positive_int_list, write_json
 from load_tests.seeds import spread
 from servicekit.progress import say
 
@@ -593,8 +593,9 @@ def add_bench_sessions_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", type=Path, default=None, help="model directory (default: the embedded model)")
     parser.add_argument("--device", default=DEFAULT_DEVICE)
     parser.add_argument("--dtype", default=DEFAULT_DTYPE, choices=DTYPE_CHOICES)
-    parser.add_argument("--points", default=DEFAULT_POINTS, help="context sizes (head + data tokens), comma-separated")
-    parser.add_argument("--seeds", default="0,1,2", help="data and question seeds, comma-separated")
+    parser.add_argument("--points", type=positive_int_list, default=DEFAULT_POINTS,
+                        help="context sizes (head + data tokens), comma-separated")
+    parser.add_argument("--seeds", type=int_list, default="0,1,2", help="data and question seeds, comma-separated")
     parser.add_argument("--questions", type=int, default=5, help="session queries per point (median)")
     parser.add_argument("--warm-repeats", type=int, default=3, help="warm Generates per point (median)")
     parser.add_argument("--flash-repeats", type=int, default=5, help="Flash hits per point (median)")
@@ -610,10 +611,9 @@ def add_bench_sessions_args(parser: argparse.ArgumentParser) -> None:
 def run_bench_sessions(args: argparse.Namespace) -> int:
     from inference_svc.embedded_model import prepare_embedded_model
     from inference_svc.engine.factory import EngineSpec, load_tokenizer
-    from load_tests.replay import InProcessInference
+    from inference_svc.launch import start_inference_service
 
-    points = [int(p) for p in args.points.split(",")]
-    seeds = [int(s) for s in args.seeds.split(",")]
+    points, seeds = args.points, args.seeds
     if points != sorted(set(points)):
         raise SystemExit("--points must increase")
     if args.questions < 1 or args.warm_repeats < 1 or args.flash_repeats < 1:
@@ -627,7 +627,10 @@ def run_bench_sessions(args: argparse.Namespace) -> int:
         return len(tokenizer.encode(text, add_special_tokens=False))
 
     say(f"sessions bench: {spec.dtype}, points {points}, seeds {seeds}; starting the inference service")
-    service = InProcessInference(spec, max_streams=64)
+    # A subprocess, as every benchmark's service: hosted in this process it would share the
+    # interpreter with the client (docs/concurrent/hosting.txt).
+    service = start_inference_service("native", model_dir, max_streams=64, policy=None, dtype=spec.dtype,
+                                      device=args.device, extra_args=["--kv-device-blocks", str(args.kv_device_blocks)])
     client = SessionsClient(service.address)
     rows: list[dict[str, Any]] = []
     ingestion_runs: list[dict[str, Any]] = []
@@ -660,7 +663,7 @@ def run_bench_sessions(args: argparse.Namespace) -> int:
             contexts.update({(seed, p): c for p, c in zip(points, seed_contexts, strict=True)})
             say(f"seed {seed} done ({time.perf_counter() - started:.0f}s)")
             if args.json:       # after every seed, so an interrupted benchmark keeps what it measured
-                args.json.write_text(json.dumps(result(), indent=2) + "\n")
+                write_json(args.json, result())
     finally:
         client.close()
         service.stop()
@@ -680,7 +683,7 @@ def run_bench_sessions(args: argparse.Namespace) -> int:
           f"({r['speedup_vs_prefix_cache']['min']:.2f}-{r['speedup_vs_prefix_cache']['max']:.2f}); "
           f"Flash hit at the service at most {r['flash_hit_server_ms_max']:.3f} ms")
     if args.json:
-        args.json.write_text(json.dumps(out, indent=2) + "\n")
+        write_json(args.json, out)
     plot = args.plot or (args.json.with_suffix(".png") if args.json else None)
     if plot:
         write_plot(out["points"], plot, f"Session query vs Generate TTFT ({model_dir.name}, {spec.dtype}, "

@@ -3,7 +3,8 @@
 
 The `bench concurrent` burst (16 x 1,150 random tokens, max_tokens 1, token budget 2,048, dtype
 auto) against the native service started as a subprocess (`sub`) or in this process on its own
-thread and event loop (`in`, as `bench replay` and `bench concurrent` hosted it until then); one
+thread and event loop (`in`, as `bench replay`, `bench concurrent` and `bench sessions` hosted it until then;
+`InProcessInference` below); one
 warm-up burst, then three with 3 s idle gaps. Prints tokens/s and wall seconds per burst.
 
     PYTHONPATH=. flock /tmp/streamrag-cpu.lock .venv/bin/python docs/concurrent/hosting_check.py sub
@@ -12,7 +13,9 @@ warm-up burst, then three with 3 s idle gaps. Prints tokens/s and wall seconds p
 import asyncio
 import random
 import sys
+import threading
 from pathlib import Path
+from typing import Any
 
 import grpc
 
@@ -44,7 +47,6 @@ def main(mode: str) -> None:
     else:
         from inference_svc.engine.engine import EngineConfig
         from inference_svc.engine.factory import EngineSpec
-        from load_tests.replay import InProcessInference
 
         service = InProcessInference(EngineSpec(model_dir=Path(model), device="cpu", dtype="auto",
                                                 engine=EngineConfig(token_budget=2048)), max_streams=256)
@@ -52,6 +54,37 @@ def main(mode: str) -> None:
         asyncio.run(run(service.address, {"sub": "subprocess", "in": "inprocess"}[mode]))
     finally:
         service.stop()
+
+
+class InProcessInference:
+    """An `InferenceService` on a loopback port, on its own thread and event loop."""
+
+    def __init__(self, spec: Any, max_streams: int) -> None:
+        self.spec, self.max_streams = spec, max_streams
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, name="bench-inference", daemon=True)
+        self.thread.start()
+        try:
+            port = asyncio.run_coroutine_threadsafe(self._start(), self.loop).result(timeout=600)
+        except BaseException:
+            self.loop.call_soon_threadsafe(self.loop.stop)
+            raise
+        self.address = f"127.0.0.1:{port}"
+
+    async def _start(self) -> int:
+        from inference_svc.server import InferenceService
+        from servicekit.config import ServiceConfig
+
+        self.service = InferenceService(self.spec, ServiceConfig("inference", port=0, metrics_port=None),
+                                        self.max_streams)
+        return await self.service.start(handle_signals=False)
+
+    def stop(self) -> None:
+        try:
+            asyncio.run_coroutine_threadsafe(self.service.stop(0), self.loop).result(timeout=60)
+        finally:
+            self.loop.call_soon_threadsafe(self.loop.stop)
+            self.thread.join(timeout=60)
 
 
 if __name__ == "__main__":

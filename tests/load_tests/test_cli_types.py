@@ -1,0 +1,51 @@
+"""The benchmark CLIs' shared argument types: a bad list or number is an argparse error with the
+flag's name, never a traceback, and --json writes its folder too."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import pytest
+
+from load_tests.cli_types import int_list, positive_float, positive_int, positive_int_list, write_json
+from load_tests.concurrent_bench import add_bench_concurrent_args
+from load_tests.decode_bench import add_bench_decode_args
+from load_tests.sessions_bench import add_bench_sessions_args
+
+
+def test_lists_and_numbers_parse():
+    assert int_list("0,1, 2") == [0, 1, 2]
+    assert positive_int_list("1,8") == [1, 8]
+    assert positive_int("3") == 3 and positive_float("0.5") == 0.5
+
+
+@pytest.mark.parametrize("parse, text", [
+    (int_list, ""), (int_list, "0,,1"), (int_list, "a"), (int_list, "-1"), (int_list, "1.5"),
+    (positive_int_list, "0,1"), (positive_int, "0"), (positive_int, "x"),
+    (positive_float, "0"), (positive_float, "nan"), (positive_float, "inf"), (positive_float, "x"),
+])
+def test_bad_values_are_argument_errors(parse, text):
+    with pytest.raises(argparse.ArgumentTypeError):
+        parse(text)
+
+
+@pytest.mark.parametrize("add_args, argv", [
+    (add_bench_concurrent_args, ["--seeds", "0,x"]),
+    (add_bench_decode_args, ["--concurrency", "0,8"]),
+    (add_bench_sessions_args, ["--points", "1000,abc"]),
+])
+def test_a_bench_cli_names_the_bad_flag(add_args, argv, capsys):
+    parser = argparse.ArgumentParser(prog="streamrag bench")
+    add_args(parser)
+    with pytest.raises(SystemExit) as exited:
+        parser.parse_args(argv)
+    assert exited.value.code == 2
+    assert f"argument {argv[0]}" in capsys.readouterr().err
+
+
+def test_write_json_creates_the_folder(tmp_path):
+    path = tmp_path / "a" / "b" / "out.json"
+    write_json(path, {"rows": [1, 2]})
+    assert json.loads(path.read_text()) == {"rows": [1, 2]}
+    assert path.read_text().endswith("\n")
