@@ -20,14 +20,12 @@ from inference_svc.engine.options import (
     DEFAULT_MAX_SESSIONS,
     DEFAULT_MAX_STREAMS,
     DEFAULT_POLICY,
-    DEFAULT_SPECULATIVE_DEFERRAL_S,
     DEFAULT_SPECULATIVE_RESERVE_SHARE,
     DEFAULT_SPECULATIVE_SHARE,
     DEFAULT_TOKEN_BUDGET,
     DTYPE_CHOICES,
     EVICTION_CHOICES,
     POLICY_CHOICES,
-    speculative_deferral_arg,
     speculative_share_arg,
 )
 from servicekit.config import add_service_args, env_default
@@ -77,8 +75,3 @@ def add_speculative_args(parser: argparse.ArgumentParser, env=lambda key, defaul
                         default=env("speculative_reserve_share", DEFAULT_SPECULATIVE_RESERVE_SHARE),
                         help=f"share of the token budget those prompts keep while complete ones saturate it "
                              f"(default {DEFAULT_SPECULATIVE_RESERVE_SHARE})")
-    default_deferral = "off" if DEFAULT_SPECULATIVE_DEFERRAL_S is None else str(DEFAULT_SPECULATIVE_DEFERRAL_S)
-    parser.add_argument("--speculative-deferral", type=speculative_deferral_arg,
-                        default=env("speculative_deferral", default_deferral),
-                        help=f"seconds a prompt still receiving context may wait behind complete ones before "
-                             f"it is served with them (default {default_deferral}); off: no bound")

@@ -347,10 +347,8 @@ def service_flags(args: argparse.Namespace, engine: str, eviction: str) -> list[
         flags += ["--kv-device-blocks", str(args.kv_device_blocks)]
     if engine == "native":
         share = "off" if args.speculative_share is None else str(args.speculative_share)
-        deferral = "off" if args.speculative_deferral is None else str(args.speculative_deferral)
         flags += ["--kv-cpu-blocks", str(args.kv_cpu_blocks), "--speculative-share", share,
-                  "--speculative-reserve-share", str(args.speculative_reserve_share),
-                  "--speculative-deferral", deferral]
+                  "--speculative-reserve-share", str(args.speculative_reserve_share)]
     return flags
 
 

@@ -29,10 +29,6 @@ DEFAULT_MAX_RUNNING = 256           # requests holding KV at once
 DEFAULT_SPECULATIVE_SHARE = 0.5
 # ... and at least this share while complete prompts saturate the budget, so partial prompts still progress.
 DEFAULT_SPECULATIVE_RESERVE_SHARE = 0.0625
-# Speculative work is deferred behind complete work for at most this long: a partial prompt whose
-# tokens have waited this many seconds is due, and is served with complete prompts (fcfs: at the time
-# it became due). None ("off"): deferred as long as complete work fills the steps.
-DEFAULT_SPECULATIVE_DEFERRAL_S: float | None = None
 
 
 def speculative_share_arg(text: str) -> float | None:
@@ -43,16 +39,6 @@ def speculative_share_arg(text: str) -> float | None:
     value = float(text)
     if not 0 < value <= 1:
         raise ValueError("--speculative-share must be in (0, 1] or off")
-    return value
-
-
-def speculative_deferral_arg(text: str) -> float | None:
-    """argparse type of --speculative-deferral: seconds >= 0, or "off" (no bound)."""
-    if text == "off":
-        return None
-    value = float(text)
-    if not 0 <= value < float("inf"):
-        raise ValueError("--speculative-deferral must be seconds >= 0 or off")
     return value
 
 # Speculative decoding drafted from the request's own tokens (speculation.py): "off", "auto" (depth

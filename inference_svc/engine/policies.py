@@ -11,8 +11,6 @@ class here and listing it in `POLICIES`; the scheduler does not change.
   its context completed, which is the order a non-streaming server receives the same prompts in,
   so streaming never puts a prompt behind one that non-streaming would serve after it; partial
   prompts by arrival. Without streaming (context complete at arrival) this is arrival order.
-  With a deferral bound (`PolicyContext.deferral_s`), a partial prompt whose tokens have waited
-  that long joins the complete tier at the time it became due.
 - `lcas`: the same two tiers, most recent chunk arrival first; a request passed over for
   longer than `starvation_s` jumps ahead of both tiers (oldest starved first).
 - `mcps`: most computed tokens first, ties by arrival.
@@ -48,24 +46,6 @@ class PolicyContext:
     # Optional batch form of `cached_prefix_tokens` (same values, one list for many requests);
     # the scheduler supplies it so k-LPM can skip the per-request calls when nothing is cached.
     cached_prefix_tokens_many: Callable[[Sequence[Request]], list[int]] | None = None
-    # The scheduler's bound on deferring speculative work (SchedulerConfig.speculative_deferral_s).
-    deferral_s: float | None = None
-
-    def is_due(self, request: Request) -> bool:
-        """In the complete tier: the context is complete, or a partial prompt's tokens have waited the
-        deferral bound (`Request.backlog_since`)."""
-        if request.context_complete:
-            return True
-        if self.deferral_s is None:
-            return False
-        since = request.backlog_since
-        return since is not None and self.now - since >= self.deferral_s
-
-    def due_time(self, request: Request) -> float:
-        """When a due request became due: its context completed, or its backlog reached the bound."""
-        if request.context_complete or request.backlog_since is None or self.deferral_s is None:
-            return request.last_chunk_arrival_time
-        return request.backlog_since + self.deferral_s
 
     def prefix_tokens_of(self, requests: Sequence[Request]) -> list[int]:
         if self.cached_prefix_tokens_many is not None:
@@ -83,13 +63,12 @@ class Policy:
         return list(reversed(ranked))
 
 
-def _tiered(ranked: list[Request], ctx: PolicyContext) -> list[Request]:
-    """Stable partition: due requests (`PolicyContext.is_due`: complete context) first, then partial ones."""
-    due = ctx.is_due
-    complete = [r for r in ranked if due(r)]
+def _tiered(ranked: list[Request]) -> list[Request]:
+    """Stable partition: complete-context requests first, then partial ones."""
+    complete = [r for r in ranked if r.context_complete]
     if len(complete) == len(ranked) or not complete:
         return ranked
-    complete += [r for r in ranked if not due(r)]
+    complete += [r for r in ranked if not r.context_complete]
     return complete
 
 
@@ -122,17 +101,15 @@ class FCFSPolicy(Policy):
     name = "fcfs"
 
     def order(self, requests: Sequence[Request], ctx: PolicyContext) -> list[Request]:
-        # key (not due, due_time if due else arrival_time, arrival_time); due_time is the last chunk's
-        # arrival for a complete prompt
+        # key (not context_complete, last_chunk_arrival_time if complete else arrival_time, arrival_time)
         ranked = sorted(requests, key=_arrival)
-        due = ctx.is_due
-        complete = [r for r in ranked if due(r)]
+        complete = [r for r in ranked if r.context_complete]
         if not complete:
             return ranked
-        complete.sort(key=_last_chunk_arrival if ctx.deferral_s is None else ctx.due_time)
+        complete.sort(key=_last_chunk_arrival)
         if len(complete) == len(ranked):
             return complete
-        return complete + [r for r in ranked if not due(r)]
+        return complete + [r for r in ranked if not r.context_complete]
 
 
 class LCASPolicy(Policy):
@@ -152,7 +129,7 @@ class LCASPolicy(Policy):
         # key (not context_complete, -last_chunk_arrival_time, arrival_time)
         ranked = sorted(rest, key=_arrival)
         ranked.sort(key=_last_chunk_arrival, reverse=True)
-        ranked = _tiered(ranked, ctx)
+        ranked = _tiered(ranked)
         if rescued:
             rescued += ranked
             return rescued

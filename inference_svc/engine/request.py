@@ -109,9 +109,6 @@ class Request:
     # survive the next refinement (an update's stability hints). None: no limit.
     speculative_limit: int | None = None
     last_chunk_arrival_time: float = 0.0
-    # While the context is partial: since when it has had tokens to compute without a break (the
-    # scheduler keeps it, for interactive requests only, when speculative work has a deferral bound).
-    backlog_since: float | None = None
     state: RequestState = RequestState.WAITING
     finish_reason: FinishReason | None = None
     queued_since: float | None = None     # when it last became runnable-but-not-scheduled

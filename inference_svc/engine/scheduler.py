@@ -13,11 +13,7 @@ while complete work saturates the budget, still `speculative_reserve_share` of i
 prompts progress at saturation instead of arriving at their last chunk with everything left.
 A step that prefills a complete prompt gives the partial tier only that reserve: the prompt's
 first token waits for its whole step, so the step holds its tokens and little more.
-Not-chosen partial requests are also the first eviction victims. Deferral is bounded when
-`speculative_deferral_s` is set: a partial prompt whose tokens have waited that long
-(`Request.backlog_since`) is due and joins the complete tier (`PolicyContext.is_due`; fcfs
-serves it at the time it became due), so a long crawl is not left with its whole prompt to
-prefill after its last page while complete prompts keep the steps full.
+Not-chosen partial requests are also the first eviction victims.
 
 Phase 2 acquires resources for the chosen requests in rank order: swap-in, prefix-cache
 reuse, block allocation. When allocation fails it preempts not-chosen requests lowest
@@ -46,7 +42,6 @@ from inference_svc.engine.kv_manager import BlockPairs, KVCacheManager
 from inference_svc.engine.options import (
     DEFAULT_EVICTION,
     DEFAULT_MAX_RUNNING,
-    DEFAULT_SPECULATIVE_DEFERRAL_S,
     DEFAULT_SPECULATIVE_RESERVE_SHARE,
     DEFAULT_SPECULATIVE_SHARE,
     DEFAULT_TOKEN_BUDGET,
@@ -62,17 +57,6 @@ def _sched_class(request: Request) -> int:
     return request.sched_class
 
 
-def _note_backlogs(requests: list[Request], now: float) -> None:
-    """Keep `backlog_since` of interactive partial prompts: set when tokens wait to be computed,
-    cleared when none do (or the context is complete). Session ingestion is never due early."""
-    interactive = SchedClass.INTERACTIVE
-    for r in requests:
-        if r.context_complete or r.sched_class is not interactive or r.num_schedulable_tokens <= 0:
-            r.backlog_since = None
-        elif r.backlog_since is None:
-            r.backlog_since = now
-
-
 @dataclass(frozen=True)
 class SchedulerConfig:
     token_budget: int = DEFAULT_TOKEN_BUDGET
@@ -80,7 +64,6 @@ class SchedulerConfig:
     eviction: str = DEFAULT_EVICTION
     speculative_share: float | None = DEFAULT_SPECULATIVE_SHARE   # None: one tier, the policy's order alone
     speculative_reserve_share: float = DEFAULT_SPECULATIVE_RESERVE_SHARE
-    speculative_deferral_s: float | None = DEFAULT_SPECULATIVE_DEFERRAL_S   # None: no bound
 
     def __post_init__(self) -> None:
         if self.token_budget < 1 or self.max_running < 1:
@@ -88,13 +71,6 @@ class SchedulerConfig:
         share, reserve = self.speculative_share, self.speculative_reserve_share
         if share is not None and not 0 <= reserve <= share <= 1:
             raise ValueError("need 0 <= speculative_reserve_share <= speculative_share <= 1")
-        if self.speculative_deferral_s is not None and not 0 <= self.speculative_deferral_s < float("inf"):
-            raise ValueError("speculative_deferral_s must be seconds >= 0 or None")
-
-    @property
-    def deferral_s(self) -> float | None:
-        """The deferral bound in force: none without tiers."""
-        return None if self.speculative_share is None else self.speculative_deferral_s
 
     @property
     def speculative_tokens(self) -> int | None:
@@ -230,8 +206,7 @@ class Scheduler:
     # --- phase 1 --------------------------------------------------------------------
     def policy_context(self, now: float) -> PolicyContext:
         """What the policy sees this step (k-LPM's cached prefixes come from the KV manager)."""
-        return PolicyContext(now, self._cached_prefix_tokens, self._cached_prefix_tokens_many,
-                             self.config.deferral_s)
+        return PolicyContext(now, self._cached_prefix_tokens, self._cached_prefix_tokens_many)
 
     def _cached_prefix_tokens(self, request: Request) -> int:
         return self.kv.cached_prefix_tokens(request.request_id, request.prompt_token_ids, request.output_token_ids)
@@ -245,23 +220,20 @@ class Scheduler:
 
     def rank(self, now: float) -> list[Request]:
         finished = RequestState.FINISHED
-        unfinished = [r for r in self.requests.values() if r.state is not finished]
-        if self.config.deferral_s is not None:
-            _note_backlogs(unfinished, now)
-        ranked = self.policy.order(unfinished, self.policy_context(now))
+        ranked = self.policy.order([r for r in self.requests.values() if r.state is not finished],
+                                   self.policy_context(now))
         if any(r.sched_class for r in ranked):      # sessions: a stable partition by class
             ranked.sort(key=_sched_class)
         return ranked
 
-    def plan(self, ranked: list[Request], now: float | None = None) -> Plan:
-        """Choose what runs this step (`now`: the time `ranked` was ranked at, for the deferral bound;
-        default the clock). Reads state only."""
+    def plan(self, ranked: list[Request]) -> Plan:
+        """Choose what runs this step. Reads state only."""
         budget, capacity = self.config.token_budget, self.kv.device.num_blocks
         chosen: list[tuple[Request, int]] = []
         not_chosen: list[Request] = []
         if ranked and ranked[-1].sched_class is SchedClass.BACKGROUND:   # rank() put them last
             split = next(i for i, r in enumerate(ranked) if r.sched_class is SchedClass.BACKGROUND)
-            foreground = self.plan(ranked[:split], now)
+            foreground = self.plan(ranked[:split])
             budget -= sum(n for _, n in foreground.chosen)
             capacity -= self._footprint(foreground.chosen)
             self._fill(ranked[split:], budget, capacity, foreground.chosen, foreground.not_chosen)
@@ -270,17 +242,11 @@ class Scheduler:
         if cap is None:
             self._fill(ranked, budget, capacity, chosen, not_chosen)
             return Plan(chosen, not_chosen)
-        if self.config.deferral_s is None:
-            complete = [r for r in ranked if r.context_complete]
-            partial = [r for r in ranked if not r.context_complete] if complete else ranked
-        else:
-            due = self.policy_context(self.clock() if now is None else now).is_due
-            complete, partial = [], []
-            for r in ranked:
-                (complete if due(r) else partial).append(r)
-        if not partial:
+        complete = [r for r in ranked if r.context_complete]
+        if len(complete) == len(ranked):
             self._fill(ranked, budget, capacity, chosen, not_chosen)
             return Plan(chosen, not_chosen)
+        partial = [r for r in ranked if not r.context_complete] if complete else ranked
         reserved = min(self.config.speculative_reserve, cap, sum(max(r.num_schedulable_tokens, 0) for r in partial))
         budget_left, capacity = self._fill(complete, budget - reserved, capacity, chosen, not_chosen)
         partial_budget = min(cap, budget_left + reserved)
@@ -346,7 +312,7 @@ class Scheduler:
         """One step's work. `drafts`: tokens to verify after a decoding request's last token, by id."""
         now = self.clock()
         ranked = self.rank(now)
-        plan = self.plan(ranked, now)
+        plan = self.plan(ranked)
         out = SchedulerOutput()
         victims = iter(self.policy.eviction_order(plan.not_chosen))  # consumed lowest priority first
         for request, n in plan.chosen:

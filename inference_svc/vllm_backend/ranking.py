@@ -57,7 +57,6 @@ class PolicyView:
     admitted_seq: int = -1
     preempted_at: float | None = None
     passed_over_since: float | None = None
-    backlog_since: float | None = None         # unused: the class has no deferral bound (the native tiers)
     num_preemptions: int = 0
 
 

@@ -19,10 +19,8 @@ def fake_engine(
     eviction: str = "cost",
     budget: int = 32,
     predict=next_token,
-    clock=None,
     **config,
 ) -> Engine:
-    """`clock`: the engine's clock (default time.monotonic); `config`: more EngineConfig fields."""
     runner = FakeRunner(device_blocks, cpu_blocks, BLOCK, predict=predict)
     return Engine(
         runner,
@@ -36,7 +34,6 @@ def fake_engine(
             eviction=eviction,
             **config,
         ),
-        **({"clock": clock} if clock is not None else {}),
     )
 
 

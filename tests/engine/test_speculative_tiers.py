@@ -101,11 +101,10 @@ def test_the_tiers_off_restores_the_policy_order_alone():
     assert out.chunks[0].request.request_id == "partial"      # FIFO: the older one first
 
 
-@pytest.mark.parametrize("deferral", [None, 0.0])
 @pytest.mark.parametrize("policy", POLICY_CHOICES)
-def test_results_stay_exact_under_the_tiers(policy, deferral):
+def test_results_stay_exact_under_the_tiers(policy):
     engine = fake_engine(policy=policy, budget=16, device_blocks=40, speculative_share=0.375,
-                         speculative_reserve_share=0.125, speculative_deferral_s=deferral)
+                         speculative_reserve_share=0.125)
     prompts = {}
     for i in range(5):
         segments = text(30 + 7 * i, chr(ord("a") + i))
@@ -126,84 +125,6 @@ def test_results_stay_exact_under_the_tiers(policy, deferral):
 def test_bad_tier_settings_are_rejected():
     with pytest.raises(ValueError):
         SchedulerConfig(speculative_share=0.25, speculative_reserve_share=0.5)
-    with pytest.raises(ValueError):
-        SchedulerConfig(speculative_deferral_s=-1.0)
-
-
-# --- the deferral bound -------------------------------------------------------------------
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
-@pytest.mark.parametrize("deferral", [None, 1.0])
-@pytest.mark.parametrize("policy", POLICY_CHOICES)
-def test_a_partial_prompt_waiting_past_the_deferral_bound_is_planned_as_complete_work(policy, deferral):
-    clock = Clock()
-    engine = fake_engine(policy=policy, budget=64, device_blocks=256, speculative_share=0.5,
-                         speculative_reserve_share=0.0625, speculative_deferral_s=deferral, clock=clock)
-    engine.open("partial", text(300, "p"), ONE)
-    for i in range(4):                      # complete work that keeps the steps full
-        engine.open(f"c{i}", text(100, chr(ord("a") + i)), ONE)
-        engine.finish(f"c{i}")
-    (before,) = step_plans(engine, 1)
-    assert partial_tokens(before) == 4                     # speculative: the reserve only
-    clock.now = 0.5
-    (still,) = step_plans(engine, 1)
-    assert partial_tokens(still) == 4                      # waited less than the bound
-    clock.now = 1.0
-    engine.open("late", text(100, "z"), ONE)               # complete after the partial prompt became due
-    engine.finish("late")
-    ranked = engine.scheduler.rank(clock.now)
-    partial = engine.requests["partial"]
-    due = engine.scheduler.policy_context(clock.now).is_due(partial)
-    budget, in_order = 64, 0          # what the policy's order over every request gives it
-    for r in ranked:
-        n = min(r.num_schedulable_tokens, budget)
-        budget -= n
-        if r is partial:
-            in_order = n
-    (after,) = step_plans(engine, 1)
-    if deferral is None:
-        assert not due and partial_tokens(after) == 4
-        return
-    # Due: planned as complete work, in the policy's order over every request, no reserve apart.
-    assert due and partial_tokens(after) == in_order
-    assert sum(c.num_tokens for c in after.chunks) == 64
-    if policy == "fcfs":                                   # served at the time it became due
-        order = [r.request_id for r in ranked]
-        assert order.index("partial") < order.index("late")
-
-
-def test_fcfs_serves_a_due_partial_prompt_before_prompts_completed_after_it():
-    clock = Clock()
-    engine = fake_engine(policy="fcfs", budget=32, device_blocks=256, speculative_deferral_s=1.0, clock=clock)
-    engine.open("partial", text(300, "p"), ONE)
-    engine.scheduler.rank(clock.now)                       # the backlog starts waiting at t = 0
-    clock.now = 1.5
-    engine.open("late", text(100, "z"), ONE)
-    engine.finish("late")
-    assert [r.request_id for r in engine.scheduler.rank(clock.now)] == ["partial", "late"]
-    clock.now = 0.9                                        # (before the bound: the complete prompt first)
-    assert [r.request_id for r in engine.scheduler.rank(clock.now)] == ["late", "partial"]
-
-
-def test_a_partial_prompt_with_nothing_left_to_compute_starts_waiting_afresh():
-    clock = Clock()
-    engine = fake_engine(policy="fcfs", budget=64, device_blocks=256, speculative_share=1.0,
-                         speculative_deferral_s=1.0, clock=clock)
-    engine.open("partial", text(20, "p"), ONE)
-    step_plans(engine, 1)                                  # all of it computed: no backlog
-    engine.scheduler.rank(clock.now)
-    assert engine.requests["partial"].backlog_since is None
-    clock.now = 5.0
-    engine.append("partial", text(20, "q"))
-    engine.scheduler.rank(clock.now)
-    assert engine.requests["partial"].backlog_since == 5.0
 
 
 # --- update mode: stability hints ---------------------------------------------------------
