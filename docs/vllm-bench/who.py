@@ -1,0 +1,75 @@
+"""Which requests' work ran while a slow request waited for its first token (the class's step log).
+
+    python docs/vllm-bench/who.py RUN_DIR STEP_LOG [--policy fcfs] [--top 5] [--ids anns-00028,...]
+
+RUN_DIR is one `bench replay --engine vllm` run (its requests.jsonl); STEP_LOG is the step log
+(STREAMRAG_VLLM_STEP_LOG) of the vLLM service that served `--policy`'s streaming replay: one JSON
+line per step, each naming the requests it scheduled ("scheduled": id -> tokens) and the complete
+ones among them ("complete"). Request ids hold the query id and the mode ("-s-<query>").
+
+The step log's clock (wall time) is aligned to the run's clock (seconds from the replay's start)
+by the earliest step that schedules each request: offset = min(step time - the request's arrival).
+That is early by at most one step. For each of the `--top` slowest streamed requests (or `--ids`),
+it prints the steps between the request's last chunk and its first token: the step's tokens by
+request, the waiting request's own tokens marked with *, complete requests with "c".
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+from collections import defaultdict
+from pathlib import Path
+
+
+def _query(rid: str) -> str | None:
+    match = re.search(r"-s-([A-Za-z]+-\d+)", rid)
+    return match.group(1) if match else None
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("run", type=Path)
+    parser.add_argument("step_log", type=Path)
+    parser.add_argument("--policy", default="fcfs")
+    parser.add_argument("--top", type=int, default=5)
+    parser.add_argument("--ids", default=None, help="comma-separated query ids instead of the slowest")
+    args = parser.parse_args(argv)
+
+    rows = [json.loads(line) for line in (args.run / "requests.jsonl").read_text().splitlines() if line.strip()]
+    rows = {r["query_id"]: r for r in rows if r["streaming"] and r["policy"] == args.policy and r["engine"] == "vllm"}
+    steps = [json.loads(line) for line in args.step_log.read_text().splitlines() if line.strip()]
+    steps = [s for s in steps if s.get("scheduled")]
+    first_seen: dict[str, float] = {}
+    for s in steps:
+        for rid in s["scheduled"]:
+            q = _query(rid)
+            if q in rows and q not in first_seen:
+                first_seen[q] = s["t"]
+    if not first_seen:
+        raise SystemExit("no request of the run appears in the step log (another run's log?)")
+    offset = min(first_seen[q] - rows[q]["arrival_s"] for q in first_seen)
+    chosen = args.ids.split(",") if args.ids else sorted(rows, key=lambda q: -rows[q]["ttft_s"])[:args.top]
+    for q in chosen:
+        r = rows[q]
+        start, end = offset + r["last_chunk_s"], offset + r["first_token_s"]
+        window = [s for s in steps if start - 0.05 <= s["t"] <= end]
+        by_request: dict[str, int] = defaultdict(int)
+        print(f"\n{q}: {r['prompt_tokens']} tokens, {r['chunks']} chunks, TTFT {r['ttft_s']:.2f} s; "
+              f"{len(window)} steps from its last chunk to its first token")
+        for s in window:
+            parts = []
+            for rid, n in sorted(s["scheduled"].items(), key=lambda kv: -kv[1]):
+                other = _query(rid) or rid
+                by_request[other] += n
+                mark = "*" if other == q else ("c" if rid in s.get("complete", ()) else "")
+                parts.append(f"{other}{mark}:{n}")
+            print(f"  t={s['t'] - offset:7.2f}  " + " ".join(parts))
+        total = sum(by_request.values())
+        ranked = sorted(by_request.items(), key=lambda kv: -kv[1])
+        print("  tokens in the window: " + ", ".join(f"{k} {v}" for k, v in ranked) + f" (total {total})")
+
+
+if __name__ == "__main__":
+    main()
