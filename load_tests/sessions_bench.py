@@ -610,8 +610,9 @@ def add_bench_sessions_args(parser: argparse.ArgumentParser) -> None:
 
 def run_bench_sessions(args: argparse.Namespace) -> int:
     from inference_svc.embedded_model import prepare_embedded_model
-    from inference_svc.engine.factory import EngineSpec, load_tokenizer
+    from inference_svc.engine.factory import load_tokenizer
     from inference_svc.launch import start_inference_service
+    from servicekit.hardware import resolve_dtype
 
     points, seeds = args.points, args.seeds
     if points != sorted(set(points)):
@@ -619,17 +620,16 @@ def run_bench_sessions(args: argparse.Namespace) -> int:
     if args.questions < 1 or args.warm_repeats < 1 or args.flash_repeats < 1:
         raise SystemExit("--questions, --warm-repeats and --flash-repeats must be >= 1")
     model_dir = Path(args.model or prepare_embedded_model(progress=False))
-    spec = EngineSpec(model_dir, device=args.device, dtype=args.dtype, kv_device_blocks=args.kv_device_blocks)
-    args.resolved_dtype = spec.dtype
+    dtype = args.resolved_dtype = resolve_dtype(args.dtype, args.device)   # what the service resolves "auto" to
     tokenizer = load_tokenizer(model_dir)
 
     def count_tokens(text: str) -> int:
         return len(tokenizer.encode(text, add_special_tokens=False))
 
-    say(f"sessions bench: {spec.dtype}, points {points}, seeds {seeds}; starting the inference service")
+    say(f"sessions bench: {dtype}, points {points}, seeds {seeds}; starting the inference service")
     # A subprocess, as every benchmark's service: hosted in this process it would share the
     # interpreter with the client (docs/concurrent/hosting.txt).
-    service = start_inference_service("native", model_dir, max_streams=64, policy=None, dtype=spec.dtype,
+    service = start_inference_service("native", model_dir, max_streams=64, policy=None, dtype=dtype,
                                       device=args.device, extra_args=["--kv-device-blocks", str(args.kv_device_blocks)])
     client = SessionsClient(service.address)
     rows: list[dict[str, Any]] = []
@@ -643,7 +643,7 @@ def run_bench_sessions(args: argparse.Namespace) -> int:
             "points": points_out,
             "ratios": ratios(points_out, rows) if rows else None,
             "ingestion": summarize_ingestion(ingestion_runs),
-            "config": {"dtype": spec.dtype, "device": args.device, "model": model_dir.name, "points": points,
+            "config": {"dtype": dtype, "device": args.device, "model": model_dir.name, "points": points,
                        "seeds": seeds, "questions": args.questions, "warm_repeats": args.warm_repeats,
                        "flash_repeats": args.flash_repeats, "flash_max_tokens": args.flash_max_tokens,
                        "max_tokens": 1, "cold_generate": "unique tag at the start of the instructions",
@@ -686,7 +686,7 @@ def run_bench_sessions(args: argparse.Namespace) -> int:
         write_json(args.json, out)
     plot = args.plot or (args.json.with_suffix(".png") if args.json else None)
     if plot:
-        write_plot(out["points"], plot, f"Session query vs Generate TTFT ({model_dir.name}, {spec.dtype}, "
+        write_plot(out["points"], plot, f"Session query vs Generate TTFT ({model_dir.name}, {dtype}, "
                                         f"{len(seeds)} seeds, {os.cpu_count()} CPUs)")
         say(f"plot: {plot}")
     return 0

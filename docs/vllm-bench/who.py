@@ -11,9 +11,10 @@ The step log's clock (wall time) is aligned to the run's clock (seconds from the
 by the earliest step that schedules each request: offset = min(step time - the request's arrival).
 A query's first chunk comes after its arrival (retrieval), so the aligned step times are early by the
 smallest such delay in the run (seconds on ANNS): a step shown just before a request's last chunk
-may have run after it. The replay logging its start in wall time would make this exact (not done). For each of the `--top` slowest streamed requests (or `--ids`),
-it prints the steps between the request's last chunk and its first token: the step's tokens by
-request, the waiting request's own tokens marked with *, complete requests with "c".
+may have run after it. The replay logging its start in wall time would make this exact (not done).
+For each of the `--top` slowest streamed requests (or `--ids`), it prints the steps between the
+request's last chunk and its first token: the step's tokens by request, the waiting request's own
+tokens marked with *, complete requests with "c".
 """
 
 from __future__ import annotations
