@@ -35,7 +35,8 @@ def engine_spec_from_args(args: argparse.Namespace) -> EngineSpec:
                             max_running=args.max_running, policy=args.policy,
                             eviction=args.eviction or DEFAULT_EVICTION, policy_options=policy_options(args),
                             speculative_share=args.speculative_share,
-                            speculative_reserve_share=args.speculative_reserve_share))
+                            speculative_reserve_share=args.speculative_reserve_share,
+                            speculative_append_share=args.speculative_append_share))
 
 
 def policy_options(args: argparse.Namespace) -> dict:

@@ -20,12 +20,14 @@ from inference_svc.engine.options import (
     DEFAULT_MAX_SESSIONS,
     DEFAULT_MAX_STREAMS,
     DEFAULT_POLICY,
+    DEFAULT_SPECULATIVE_APPEND_SHARE,
     DEFAULT_SPECULATIVE_RESERVE_SHARE,
     DEFAULT_SPECULATIVE_SHARE,
     DEFAULT_TOKEN_BUDGET,
     DTYPE_CHOICES,
     EVICTION_CHOICES,
     POLICY_CHOICES,
+    share_arg,
     speculative_share_arg,
 )
 from servicekit.config import add_service_args, env_default
@@ -75,3 +77,8 @@ def add_speculative_args(parser: argparse.ArgumentParser, env=lambda key, defaul
                         default=env("speculative_reserve_share", DEFAULT_SPECULATIVE_RESERVE_SHARE),
                         help=f"share of the token budget those prompts keep while complete ones saturate it "
                              f"(default {DEFAULT_SPECULATIVE_RESERVE_SHARE})")
+    parser.add_argument("--speculative-append-share", type=share_arg,
+                        default=env("speculative_append_share", DEFAULT_SPECULATIVE_APPEND_SHARE),
+                        help=f"most of the token budget append-mode prompts still receiving context may use per "
+                             f"step (default {DEFAULT_SPECULATIVE_APPEND_SHARE}); --speculative-share bounds "
+                             f"update-mode prompts, whose prefill ahead a refinement may replace")

@@ -348,7 +348,8 @@ def service_flags(args: argparse.Namespace, engine: str, eviction: str) -> list[
     if engine == "native":
         share = "off" if args.speculative_share is None else str(args.speculative_share)
         flags += ["--kv-cpu-blocks", str(args.kv_cpu_blocks), "--speculative-share", share,
-                  "--speculative-reserve-share", str(args.speculative_reserve_share)]
+                  "--speculative-reserve-share", str(args.speculative_reserve_share),
+                  "--speculative-append-share", str(args.speculative_append_share)]
     return flags
 
 

@@ -32,6 +32,7 @@ from inference_svc.engine.options import (
     DEFAULT_EVICTION,
     DEFAULT_MAX_RUNNING,
     DEFAULT_POLICY,
+    DEFAULT_SPECULATIVE_APPEND_SHARE,
     DEFAULT_SPECULATIVE_RESERVE_SHARE,
     DEFAULT_SPECULATIVE_SHARE,
     DEFAULT_TOKEN_BUDGET,
@@ -93,6 +94,7 @@ class EngineConfig:
     eviction: str = DEFAULT_EVICTION
     speculative_share: float | None = DEFAULT_SPECULATIVE_SHARE   # see scheduler.py: None turns the tiers off
     speculative_reserve_share: float = DEFAULT_SPECULATIVE_RESERVE_SHARE
+    speculative_append_share: float = DEFAULT_SPECULATIVE_APPEND_SHARE
     enable_prefix_cache: bool = True
     max_model_len: int | None = None   # default: the model's max positions
     # speculative decoding (speculation.py): draft tokens per step that auto-depth requests share,
@@ -130,7 +132,8 @@ class Engine:
         self.cost_model = cost_model or CostModel.builtin()
         self.policy = make_policy(config.policy, **config.policy_options)
         self.scheduler = Scheduler(SchedulerConfig(config.token_budget, config.max_running, config.eviction,
-                                                   config.speculative_share, config.speculative_reserve_share),
+                                                   config.speculative_share, config.speculative_reserve_share,
+                                                   config.speculative_append_share),
                                    self.policy, KVCacheManager(config.num_device_blocks, config.num_cpu_blocks,
                                                                config.block_size, config.enable_prefix_cache),
                                    self.cost_model, clock)

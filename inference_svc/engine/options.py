@@ -25,21 +25,30 @@ DEFAULT_BLOCK_SIZE = 16             # tokens per KV block (native engine)
 DEFAULT_TOKEN_BUDGET = 2048         # tokens per engine step (prefill chunks + decodes)
 DEFAULT_MAX_RUNNING = 256           # requests holding KV at once
 # Speculative prefill (of prompts still receiving context) per step, as shares of the token budget:
-# at most this share, so a prompt that becomes complete waits behind at most half a step of it ...
+# at most this share of prefill that a refinement may replace (update mode, or session ingestion), so a
+# prompt that becomes complete waits behind at most half a step of it ...
 DEFAULT_SPECULATIVE_SHARE = 0.5
+# ... and at most this share of prefill of append-mode prompts, which no refinement replaces: done ahead,
+# it is work the prompt needs anyway (the crawler's tail gained from 1.0 and ANNS's lost: benchmarks.md,
+# "Streaming never loses, session 11") ...
+DEFAULT_SPECULATIVE_APPEND_SHARE = 1.0
 # ... and at least this share while complete prompts saturate the budget, so partial prompts still progress.
 DEFAULT_SPECULATIVE_RESERVE_SHARE = 0.0625
+
+
+def share_arg(text: str) -> float:
+    """argparse type of a share of the token budget: a number in (0, 1]."""
+    value = float(text)
+    if not 0 < value <= 1:
+        raise ValueError("a share of the token budget must be in (0, 1]")
+    return value
 
 
 def speculative_share_arg(text: str) -> float | None:
     """argparse type of --speculative-share: a share of the budget in (0, 1], or "off" (one tier, the
     policy's order alone)."""
-    if text == "off":
-        return None
-    value = float(text)
-    if not 0 < value <= 1:
-        raise ValueError("--speculative-share must be in (0, 1] or off")
-    return value
+    return None if text == "off" else share_arg(text)
+
 
 # Speculative decoding drafted from the request's own tokens (speculation.py): "off", "auto" (depth
 # adapted per request from its acceptance and the engine's load) or a fixed depth k in

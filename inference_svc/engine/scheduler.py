@@ -8,9 +8,12 @@ Streaming never delays complete work (the same rule under every policy): prefill
 prompt still receiving context is speculative, so phase 1 serves two tiers, each in the
 policy's order. Complete prompts and decodes come first, for tokens and for blocks. The
 partial tier gets what they leave, but never more than `speculative_share` of the token
-budget per step — a prompt that becomes complete waits behind at most that slice — and,
-while complete work saturates the budget, still `speculative_reserve_share` of it, so partial
-prompts progress at saturation instead of arriving at their last chunk with everything left.
+budget per step for prefill that a refinement may replace (an update-mode prompt before its
+final stage, session ingestion) — a prompt that becomes complete waits behind at most that
+slice of it — and never more than `speculative_append_share` for append-mode prompts, whose
+prefill ahead is work they need anyway. While complete work saturates the budget the partial
+tier still gets `speculative_reserve_share` of it, so partial prompts progress at saturation
+instead of arriving at their last chunk with everything left.
 A step that prefills a complete prompt gives the partial tier only that reserve: the prompt's
 first token waits for its whole step, so the step holds its tokens and little more.
 Not-chosen partial requests are also the first eviction victims.
@@ -42,6 +45,7 @@ from inference_svc.engine.kv_manager import BlockPairs, KVCacheManager
 from inference_svc.engine.options import (
     DEFAULT_EVICTION,
     DEFAULT_MAX_RUNNING,
+    DEFAULT_SPECULATIVE_APPEND_SHARE,
     DEFAULT_SPECULATIVE_RESERVE_SHARE,
     DEFAULT_SPECULATIVE_SHARE,
     DEFAULT_TOKEN_BUDGET,
@@ -57,6 +61,12 @@ def _sched_class(request: Request) -> int:
     return request.sched_class
 
 
+def _replaceable(request: Request) -> bool:
+    """A partial prompt whose prefill ahead a refinement may replace: update mode before the final
+    stage, or session ingestion (which a session query arriving mid-step waits behind)."""
+    return request.speculative_limit is not None or request.sched_class is SchedClass.INGEST
+
+
 @dataclass(frozen=True)
 class SchedulerConfig:
     token_budget: int = DEFAULT_TOKEN_BUDGET
@@ -64,27 +74,34 @@ class SchedulerConfig:
     eviction: str = DEFAULT_EVICTION
     speculative_share: float | None = DEFAULT_SPECULATIVE_SHARE   # None: one tier, the policy's order alone
     speculative_reserve_share: float = DEFAULT_SPECULATIVE_RESERVE_SHARE
+    speculative_append_share: float = DEFAULT_SPECULATIVE_APPEND_SHARE
 
     def __post_init__(self) -> None:
         if self.token_budget < 1 or self.max_running < 1:
             raise ValueError("token_budget and max_running must be >= 1")
-        share, reserve = self.speculative_share, self.speculative_reserve_share
-        if share is not None and not 0 <= reserve <= share <= 1:
-            raise ValueError("need 0 <= speculative_reserve_share <= speculative_share <= 1")
+        if self.eviction not in EVICTION_MODES:
+            raise ValueError(f"eviction must be one of {EVICTION_MODES}, got {self.eviction!r}")
+        share, reserve, append = self.speculative_share, self.speculative_reserve_share, self.speculative_append_share
+        if share is not None and not (0 <= reserve <= share <= 1 and reserve <= append <= 1):
+            raise ValueError("need 0 <= speculative_reserve_share <= speculative_share <= 1 "
+                             "and speculative_reserve_share <= speculative_append_share <= 1")
 
     @property
     def speculative_tokens(self) -> int | None:
-        """Most tokens of partial prompts per step (None: no tiers)."""
+        """Most tokens of replaceable partial prefill per step (None: no tiers)."""
         if self.speculative_share is None:
             return None
         return max(1, int(self.token_budget * self.speculative_share))
 
     @property
+    def speculative_append_tokens(self) -> int:
+        """Most tokens of append-mode partial prefill per step."""
+        return max(1, int(self.token_budget * self.speculative_append_share))
+
+    @property
     def speculative_reserve(self) -> int:
         """Tokens per step partial prompts keep while complete ones saturate the budget."""
         return int(self.token_budget * self.speculative_reserve_share)
-        if self.eviction not in EVICTION_MODES:
-            raise ValueError(f"eviction must be one of {EVICTION_MODES}, got {self.eviction!r}")
 
 
 class BlockMove(enum.Enum):
@@ -249,7 +266,7 @@ class Scheduler:
         partial = [r for r in ranked if not r.context_complete] if complete else ranked
         reserved = min(self.config.speculative_reserve, cap, sum(max(r.num_schedulable_tokens, 0) for r in partial))
         budget_left, capacity = self._fill(complete, budget - reserved, capacity, chosen, not_chosen)
-        partial_budget = min(cap, budget_left + reserved)
+        partial_budget = min(max(cap, self.config.speculative_append_tokens), budget_left + reserved)
         if any(not r.is_decoding for r, _ in chosen):
             # A complete prompt prefills this step, and its first token waits for the whole step:
             # the partial tier gets only the reserve, so the step is its tokens and little more.
@@ -258,11 +275,12 @@ class Scheduler:
             # Complete work runs this step: session ingestion gets only the reserve, so the step that
             # carries a session query (or a decode) stays short; ingestion still progresses.
             split = next(i for i, r in enumerate(partial) if r.sched_class is SchedClass.INGEST)
-            partial_budget, capacity = self._fill(partial[:split], partial_budget, capacity, chosen, not_chosen)
+            partial_budget, capacity = self._fill(partial[:split], partial_budget, capacity, chosen, not_chosen,
+                                                  replaceable_budget=cap)
             self._fill(partial[split:], min(partial_budget, self.config.speculative_reserve), capacity, chosen,
                        not_chosen)
             return Plan(chosen, not_chosen)
-        self._fill(partial, partial_budget, capacity, chosen, not_chosen)
+        self._fill(partial, partial_budget, capacity, chosen, not_chosen, replaceable_budget=cap)
         return Plan(chosen, not_chosen)
 
     def _footprint(self, chosen: list[tuple[Request, int]]) -> int:
@@ -271,9 +289,10 @@ class Scheduler:
         return sum(max(-(-(r.num_computed_tokens + n) // bs), cpu(r.request_id)) for r, n in chosen)
 
     def _fill(self, ranked: list[Request], budget: int, capacity: int, chosen: list[tuple[Request, int]],
-              not_chosen: list[Request]) -> tuple[int, int]:
+              not_chosen: list[Request], replaceable_budget: int | None = None) -> tuple[int, int]:
         """Phase 1 over one tier: choose in rank order what fits `budget` tokens and `capacity` blocks
-        (and the running cap); returns the (budget, capacity) left."""
+        (and the running cap); returns the (budget, capacity) left. With `replaceable_budget`, the
+        partial prompts whose prefill a refinement may replace (`_replaceable`) share at most that many."""
         max_running = self.config.max_running
         bs = self.kv.block_size
         num_cpu_blocks = self.kv.num_cpu_blocks
@@ -292,6 +311,12 @@ class Scheduler:
                 continue
             if n > budget:
                 n = budget
+            replaceable = replaceable_budget is not None and _replaceable(request)
+            if replaceable and n > replaceable_budget:
+                n = replaceable_budget
+                if n <= 0:
+                    not_chosen.append(request)
+                    continue
             footprint = -(-(start + n) // bs)
             cpu_blocks = num_cpu_blocks(request.request_id)
             if cpu_blocks > footprint:
@@ -305,6 +330,8 @@ class Scheduler:
             chosen.append((request, n))
             capacity -= footprint
             budget -= n
+            if replaceable:
+                replaceable_budget -= n
         return budget, capacity
 
     # --- phase 2 --------------------------------------------------------------------

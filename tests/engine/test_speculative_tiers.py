@@ -2,8 +2,10 @@
 
 Prefill of a prompt still receiving context (no `finish` yet) is speculative. Under every
 policy the scheduler serves complete prompts and decodes first, gives the partial tier at
-most `speculative_share` of the budget per step, and keeps `speculative_reserve_share` of it for it
-while complete work saturates the budget. Fake runner; no timing.
+most `speculative_share` of the budget per step for prefill a refinement may replace (update
+mode before the final stage) and at most `speculative_append_share` for append-mode prompts,
+and keeps `speculative_reserve_share` of it for them while complete work saturates the budget.
+Fake runner; no timing.
 """
 
 from __future__ import annotations
@@ -37,12 +39,18 @@ def step_plans(engine, steps: int) -> list:
     return outputs
 
 
+def open_refining(engine, request_id: str, n: int, seed: str) -> None:
+    """An update-mode prompt before its final stage: what it prefills ahead a refinement may replace."""
+    engine.open(request_id, [], ONE)
+    engine.update(request_id, text(n, seed), final=False)
+
+
 @pytest.mark.parametrize("policy", POLICY_CHOICES)
 def test_a_complete_prompt_never_waits_behind_more_than_the_speculative_slice(policy):
     engine = fake_engine(policy=policy, budget=32, device_blocks=256, speculative_share=0.25,
                          speculative_reserve_share=0.0625)
-    for i in range(4):                       # four long prompts still receiving context
-        engine.open(f"partial-{i}", text(200, chr(ord("a") + i)), ONE)
+    for i in range(4):                       # four long update-mode prompts still receiving context
+        open_refining(engine, f"partial-{i}", 200, chr(ord("a") + i))
     engine.open("complete", text(60, "z"), ONE)
     engine.finish("complete")
     outputs = step_plans(engine, 3)
@@ -72,7 +80,7 @@ def test_a_step_that_prefills_a_complete_prompt_holds_only_the_reserve_of_specul
     engine = fake_engine(policy=policy, budget=64, device_blocks=256, speculative_share=0.5,
                          speculative_reserve_share=0.0625)
     for i in range(3):
-        engine.open(f"partial-{i}", text(300, chr(ord("a") + i)), ONE)
+        open_refining(engine, f"partial-{i}", 300, chr(ord("a") + i))
     engine.open("complete", text(10, "z"), SamplingParams(max_tokens=4))
     engine.finish("complete")
     (out,) = step_plans(engine, 1)
@@ -86,10 +94,45 @@ def test_a_step_that_prefills_a_complete_prompt_holds_only_the_reserve_of_specul
 
 def test_without_complete_work_the_partial_tier_is_capped_by_the_slice_alone():
     engine = fake_engine(budget=32, device_blocks=256, speculative_share=0.375, speculative_reserve_share=0.125)
-    engine.open("a", text(100, "a"), ONE)
-    engine.open("b", text(100, "b"), ONE)
+    open_refining(engine, "a", 100, "a")
+    open_refining(engine, "b", 100, "b")
     (out,) = step_plans(engine, 1)
     assert partial_tokens(out) == 12
+
+
+@pytest.mark.parametrize("policy", POLICY_CHOICES)
+def test_append_mode_prompts_use_their_own_share_and_update_mode_ones_stay_in_the_slice(policy):
+    # Prefill ahead of an append-mode prompt is work it needs anyway: it may fill the step (share 1.0,
+    # the default), while prefill that a refinement may replace stays within `speculative_share`.
+    engine = fake_engine(policy=policy, budget=32, device_blocks=256, speculative_share=0.25,
+                         speculative_reserve_share=0.0625)
+    open_refining(engine, "refining-1", 100, "r")
+    engine.open("growing", text(100, "g"), ONE)
+    open_refining(engine, "refining-2", 100, "s")
+    (out,) = step_plans(engine, 1)
+    scheduled = {c.request.request_id: c.num_tokens for c in out.chunks}
+    assert out.num_tokens == 32, "append-mode work left part of the step empty"
+    assert scheduled.get("refining-1", 0) + scheduled.get("refining-2", 0) <= 8
+    assert scheduled["growing"] >= 24
+    # With the append share at the slice, the step holds the old cap of speculative work.
+    engine = fake_engine(policy=policy, budget=32, device_blocks=256, speculative_share=0.25,
+                         speculative_reserve_share=0.0625, speculative_append_share=0.25)
+    engine.open("growing", text(100, "g"), ONE)
+    open_refining(engine, "refining", 100, "r")
+    (out,) = step_plans(engine, 1)
+    assert partial_tokens(out) == 8
+
+
+@pytest.mark.parametrize("policy", POLICY_CHOICES)
+def test_a_final_stage_update_lifts_the_slice(policy):
+    engine = fake_engine(policy=policy, budget=32, device_blocks=256, speculative_share=0.25,
+                         speculative_reserve_share=0.0625)
+    open_refining(engine, "q", 100, "q")
+    (out,) = step_plans(engine, 1)
+    assert partial_tokens(out) == 8
+    engine.update("q", text(100, "q"), final=True)    # nothing replaces it any more: append-mode rules
+    (out,) = step_plans(engine, 1)
+    assert partial_tokens(out) == 32
 
 
 def test_the_tiers_off_restores_the_policy_order_alone():
@@ -125,6 +168,10 @@ def test_results_stay_exact_under_the_tiers(policy):
 def test_bad_tier_settings_are_rejected():
     with pytest.raises(ValueError):
         SchedulerConfig(speculative_share=0.25, speculative_reserve_share=0.5)
+    with pytest.raises(ValueError):
+        SchedulerConfig(speculative_reserve_share=0.25, speculative_append_share=0.125)
+    with pytest.raises(ValueError, match="eviction"):
+        SchedulerConfig(eviction="sometimes")
 
 
 # --- update mode: stability hints ---------------------------------------------------------

@@ -82,3 +82,7 @@ def test_speculative_flags_parse_off_and_reject_nonsense():
     assert (args.speculative_share, args.speculative_reserve_share) == (0.25, 0.125)
     with pytest.raises(SystemExit):
         parser.parse_args(["--speculative-share", "0"])
+    assert parser.parse_args([]).speculative_append_share == 1.0
+    assert parser.parse_args(["--speculative-append-share", "0.5"]).speculative_append_share == 0.5
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--speculative-append-share", "1.5"])
