@@ -13,7 +13,11 @@ have a submitted turn or prompt pending (and how many tokens) and which are idle
 engine keeps stepping with nothing running while some request has work pending that needs more
 blocks than are free, for `patience` polls in a row, it evicts one idle session (without the block
 check it also fired without any memory pressure: nothing runs for a moment between turns, 17
-evictions in a run whose pool never fell below 253 free blocks of 364). The victim is the idle
+evictions in a run whose pool never fell below 253 free blocks of 364). Any pending request that
+does not fit counts, not only the smallest: vLLM's scheduler stops at the first waiting request it
+cannot allocate blocks for, so smaller work ranked behind it waits too (with a check on the smallest
+need, a stall behind one large turn went unseen: docs/benchmarks.md, "vLLM with our policies,
+session 11", the pressure run of seed 0). The victim is the idle
 session our policy ranks last (the same `PolicyRanker` and policy definitions the scheduler class
 uses; fcfs: the newest partial prompt). Eviction ends the session's vLLM request
 (its blocks go back to the pool, still hashed for the prefix cache); its next chunk, or `finish`,
@@ -74,7 +78,7 @@ class IdleSessionEvictor:
         requests = list(self.requests())
         idle = [r for r in requests if r.idle_session]
         needs = [-(-r.pending_tokens // self.block_size) for r in requests if r.has_pending_work]
-        starved = bool(needs) and min(needs) > free_blocks      # not even the smallest pending work fits
+        starved = any(need > free_blocks for need in needs)     # and vLLM stops at the first that does not fit
         stepping = steps > self._last_steps >= 0
         self._last_steps = steps
         if not (starved and idle and stepping and running == 0):

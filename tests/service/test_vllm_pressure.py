@@ -89,3 +89,15 @@ def test_no_eviction_while_something_runs_nothing_waits_or_the_engine_is_not_ste
     assert not idle.evicted
     counters.kv_cache_usage = 65 / 66
     assert stalled_polls(evictor, counters, 1) == [idle]
+
+
+def test_a_large_pending_turn_stalls_the_engine_even_when_smaller_pending_work_would_fit():
+    # vLLM stops at the first waiting request it cannot allocate for: the small prompt ranked behind
+    # the large turn waits too, so nothing runs although the small one alone would fit.
+    counters = Counters(steps=1, kv_cache_usage=60 / 66)             # 6 blocks free
+    idle = FakeRequest("idle", 100.0, 100.0)
+    large = FakeRequest("large", 50.0, 50.0, idle_session=False, has_pending_work=True, pending_tokens=2000)
+    small = FakeRequest("small", 60.0, 60.0, idle_session=False, has_pending_work=True, pending_tokens=200)
+    evictor = IdleSessionEvictor(counters, lambda: [idle, large, small], "fcfs", BLOCKS, BLOCK, patience=2)
+    evictor.poll()
+    assert stalled_polls(evictor, counters, 2) == [None, idle]
