@@ -197,6 +197,7 @@ class _Clock:
     def __init__(self, t0: float) -> None:
         self.loop = asyncio.get_running_loop()
         self.t0 = t0
+        self.t0_wall = time.time() + (t0 - self.loop.time())     # the run's zero in wall time (step logs)
 
     def now(self) -> float:
         return self.loop.time() - self.t0
@@ -310,6 +311,7 @@ class RunResult:
     qps: float
     records: list[RequestRecord] = field(default_factory=list)
     trace_completion_s: float = 0.0
+    start_wall_s: float = 0.0           # the run's zero (arrival_s 0) in wall time (time.time())
 
 
 async def replay_run(stub: Any, queries: Sequence[TraceQuery], *, streaming: bool, qps: float, seed: int,
@@ -335,7 +337,7 @@ async def replay_run(stub: Any, queries: Sequence[TraceQuery], *, streaming: boo
     await asyncio.gather(*(task(q, r) for q, r in zip(queries, records, strict=True)))
     ends = [r.done_s if r.done_s is not None else r.first_token_s for r in records]
     completion = max((e for e in ends if e is not None), default=math.nan)
-    return RunResult(streaming, qps, records, completion)
+    return RunResult(streaming, qps, records, completion, clock.t0_wall)
 
 
 # --- the service ------------------------------------------------------------------------------
@@ -465,7 +467,8 @@ async def _bench_on(address: str, workloads: dict[str, list[TraceQuery]], args: 
                     meta = {"engine": info.backend or ENGINE, "workload": workload, "policy": info.policy,
                             "eviction": info.eviction_mode, "streaming": streaming, "qps": qps,
                             "model": info.model, "dtype": info.dtype, "output_tokens": args.output_tokens,
-                            "delay_multiplier": args.delay_multiplier, "kv_device_blocks": args.kv_device_blocks}
+                            "delay_multiplier": args.delay_multiplier, "kv_device_blocks": args.kv_device_blocks,
+                            "start_wall_s": round(run.start_wall_s, 4)}
                     records = [r.as_json() for r in run.records]
                     for r in records:
                         row = {**{k: meta[k] for k in ("engine", "policy", "eviction", "qps")}, **r}

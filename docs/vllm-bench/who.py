@@ -8,10 +8,11 @@ line per step, each naming the requests it scheduled ("scheduled": id -> tokens)
 ones among them ("complete"). Request ids hold the query id and the mode ("-s-<query>").
 
 The step log's clock (wall time) is aligned to the run's clock (seconds from the replay's start)
-by the earliest step that schedules each request: offset = min(step time - the request's arrival).
-A query's first chunk comes after its arrival (retrieval), so the aligned step times are early by the
-smallest such delay in the run (seconds on ANNS): a step shown just before a request's last chunk
-may have run after it. The replay logging its start in wall time would make this exact (not done).
+exactly when the run's summary.json records its start in wall time (`start_wall_s`, written since
+session 12). Older runs are aligned by the earliest step that schedules each request:
+offset = min(step time - the request's arrival). A query's first chunk comes after its arrival
+(retrieval), so those aligned step times are early by the smallest such delay in the run (seconds on
+ANNS): a step shown just before a request's last chunk may have run after it.
 For each of the `--top` slowest streamed requests (or `--ids`), it prints the steps between the
 request's last chunk and its first token: the step's tokens by request, the waiting request's own
 tokens marked with *, complete requests with "c".
@@ -29,6 +30,17 @@ from pathlib import Path
 def _query(rid: str) -> str | None:
     match = re.search(r"-s-([A-Za-z]+-\d+)", rid)
     return match.group(1) if match else None
+
+
+def _recorded_start(run: Path, policy: str) -> float | None:
+    """The wall-clock start of the run's streamed vLLM replay under `policy`, if the summary has it."""
+    summary = run / "summary.json"
+    if not summary.is_file():
+        return None
+    for config in json.loads(summary.read_text()).get("configs", []):
+        if config.get("engine") == "vllm" and config.get("policy") == policy and config.get("streaming"):
+            return config.get("start_wall_s")
+    return None
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -52,7 +64,11 @@ def main(argv: list[str] | None = None) -> None:
                 first_seen[q] = s["t"]
     if not first_seen:
         raise SystemExit("no request of the run appears in the step log (another run's log?)")
-    offset = min(first_seen[q] - rows[q]["arrival_s"] for q in first_seen)
+    offset = _recorded_start(args.run, args.policy)
+    if offset is None:
+        offset = min(first_seen[q] - rows[q]["arrival_s"] for q in first_seen)
+        print(f"(no start_wall_s in {args.run}/summary.json: aligned by first steps, early by the smallest "
+              "first-chunk delay)")
     chosen = args.ids.split(",") if args.ids else sorted(rows, key=lambda q: -rows[q]["ttft_s"])[:args.top]
     for q in chosen:
         r = rows[q]
