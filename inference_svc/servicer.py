@@ -14,7 +14,10 @@ backend: stream slots, request ids, validation of messages, the protocol (open â
 - `_engine_stats()`: the snapshot GetStats reports.
 
 Each StreamPrompt call reads client messages in a background task while the handler streams
-the request's events back. Any protocol violation ends the call with a status code and the
+the request's events back. Reading starts as soon as `open` is read, before the backend has
+applied it: each message is timestamped when it arrives, not when the backend is ready for it
+(otherwise a chunk sent with the open would count as arriving a step later, and fcfs would rank
+it behind prompts that completed in that step). Any protocol violation ends the call with a status code and the
 request is aborted, so its blocks are freed; so does the client cancelling or its deadline
 passing.
 """
@@ -150,22 +153,40 @@ class StreamServicerBase(inference_pb2_grpc.InferenceServicer):
             sampling = await self._parse(context, sampling_from_proto, opening.sampling, opening.HasField("sampling"))
             self._note_policy_hint(request_id, opening.policy_hint)
             complete = request_iterator is None
+            inbox: asyncio.Queue = asyncio.Queue()
+            receiver = None if complete else asyncio.create_task(self._receive(request_iterator, inbox))
+            reader = None
             try:
-                events = await self._open(request_id, segments, sampling, opening.priority, arrived, complete)
-            except Exception as exc:
-                await self._abort_with(context, status_for(exc))
-            reader = None if complete else asyncio.create_task(self._read_rest(request_iterator, request_id, events))
-            try:
+                try:
+                    events = await self._open(request_id, segments, sampling, opening.priority, arrived, complete)
+                except Exception as exc:
+                    await self._abort_with(context, status_for(exc))
+                if receiver is not None:
+                    reader = asyncio.create_task(self._read_rest(inbox, request_id, events))
                 async for event in self._pump(events, context):
                     yield event
             finally:
-                if reader is not None:
-                    reader.cancel()
+                for task in (receiver, reader):
+                    if task is not None:
+                        task.cancel()
         finally:
             self._release(request_id)
 
-    async def _read_rest(self, request_iterator, request_id: str, events: asyncio.Queue) -> None:
-        """Apply append/update/finish as they arrive; a violation ends the call via the queue.
+    @staticmethod
+    async def _receive(request_iterator, inbox: asyncio.Queue) -> None:
+        """Take the client's messages as they arrive, each with its arrival time (the engine's
+        clock); then None, or the exception that ended the stream."""
+        try:
+            async for message in request_iterator:
+                inbox.put_nowait((message, time.monotonic()))
+            inbox.put_nowait(None)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            inbox.put_nowait(exc)
+
+    async def _read_rest(self, inbox: asyncio.Queue, request_id: str, events: asyncio.Queue) -> None:
+        """Apply append/update/finish (from `_receive`) in order; a violation ends the call via the queue.
 
         Backends apply commands without waiting for the engine, so messages that arrive while a
         step runs (the last update and the finish, typically) are applied together; an
@@ -173,8 +194,10 @@ class StreamServicerBase(inference_pb2_grpc.InferenceServicer):
         """
         finished = False
         try:
-            async for message in request_iterator:
-                arrived = time.monotonic()
+            while (item := await inbox.get()) is not None:
+                if isinstance(item, Exception):
+                    raise item
+                message, arrived = item
                 kind, segments = next_stream_message(message, finished)
                 final_stage = kind != "update" or message.update.update.final_stage
                 self._send(request_id, kind, segments, arrived, events, final_stage)
