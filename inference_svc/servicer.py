@@ -6,7 +6,8 @@ backend: stream slots, request ids, validation of messages, the protocol (open â
 
 - `_open(request_id, segments, sampling, priority, arrived, complete)`: start a request and
   return the queue its events arrive on (`complete`: the segments are the whole prompt, as in
-  Generate: open and finish at once). Raising the engine's input errors refuses it.
+  Generate: open and finish at once). Raising the engine's input errors, or putting a
+  `StreamError` on the queue, refuses it.
 - `_send(request_id, kind, segments, arrived, events)`: apply an `append`, `update` or
   `finish` without waiting for the engine; a refusal raises here or reaches `events` as a
   `StreamError`.
@@ -311,6 +312,10 @@ class InferenceServicer(StreamServicerBase):
     # --- the backend hook -------------------------------------------------------------
     async def _open(self, request_id: str, segments: list[Segment], sampling: SamplingParams, priority: int,
                     arrived: float, complete: bool) -> asyncio.Queue:
+        """Queued without waiting for the engine, like `_send`: the messages that follow the open are
+        queued right behind it, so an open, its only chunk and the finish are applied before the same
+        step (waiting here cost a streamed single-chunk query a step that Generate did not pay).
+        A refusal reaches the call through `events`."""
         events = self.engine_thread.subscribe(request_id)
 
         def start(engine: Engine) -> None:
@@ -323,20 +328,23 @@ class InferenceServicer(StreamServicerBase):
                     engine.release(request_id)
                     raise
 
-        await self.engine_thread.call(start)
+        self._submit(start, events)
         return events
 
     def _send(self, request_id: str, kind: str, segments: list[Segment], arrived: float,
               events: asyncio.Queue, final_stage: bool = True) -> None:
         action = {"append": Engine.append, "update": partial(Engine.update, final=final_stage),
                   "finish": Engine.finish}[kind]
+        self._submit(lambda e: action(e, request_id, segments, arrived_at=arrived), events)
+
+    def _submit(self, fn, events: asyncio.Queue) -> None:
+        """Queue an engine command; its error, if any, ends the call through `events`."""
 
         def report(future: asyncio.Future) -> None:
             if not future.cancelled() and future.exception() is not None:
                 events.put_nowait(status_for(future.exception()))
 
-        command = self.engine_thread.submit(lambda e: action(e, request_id, segments, arrived_at=arrived))
-        command.add_done_callback(report)
+        self.engine_thread.submit(fn).add_done_callback(report)
 
     def _close(self, request_id: str) -> None:
         """Abort the request if it is still in the engine (frees its blocks at the next step)."""
