@@ -18,9 +18,9 @@ Each StreamPrompt call reads client messages in a background task while the hand
 the request's events back. Reading starts as soon as `open` is read, before the backend has
 applied it: each message is timestamped when it arrives, not when the backend is ready for it
 (otherwise a chunk sent with the open would count as arriving a step later, and fcfs would rank
-it behind prompts that completed in that step). Any protocol violation ends the call with a status code and the
-request is aborted, so its blocks are freed; so does the client cancelling or its deadline
-passing.
+it behind prompts that completed in that step). Any protocol violation ends the call with a
+status code and the request is aborted, so its blocks are freed; so does the client cancelling
+or its deadline passing.
 """
 
 from __future__ import annotations

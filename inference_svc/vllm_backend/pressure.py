@@ -16,8 +16,8 @@ check it also fired without any memory pressure: nothing runs for a moment betwe
 evictions in a run whose pool never fell below 253 free blocks of 364). Any pending request that
 does not fit counts, not only the smallest: vLLM's scheduler stops at the first waiting request it
 cannot allocate blocks for, so smaller work ranked behind it waits too (with a check on the smallest
-need, a stall behind one large turn went unseen: docs/benchmarks.md, "vLLM with our policies,
-session 11", the pressure run of seed 0). The victim is the idle
+need, a stall behind one large turn went unseen: a possible cause, not confirmed, of the pressure
+stall of seed 0 in docs/benchmarks.md, "vLLM with our policies, session 11"). The victim is the idle
 session our policy ranks last (the same `PolicyRanker` and policy definitions the scheduler class
 uses; fcfs: the newest partial prompt). Eviction ends the session's vLLM request
 (its blocks go back to the pool, still hashed for the prefix cache); its next chunk, or `finish`,
