@@ -12,6 +12,8 @@
 #          anns-t10                    sensitivity: ANNS with time x10 (windows 3.3x longer than a step)
 #   SEEDS="0 1 2" by default; each (step, seed) writes OUT/<step>/seed-<s>/, and
 #   OUT/<step>/seeds.md holds the median and min-max spread over the seeds (load_tests/seeds.py).
+#   A variant of the defaults: EXTRA="--speculative-share 0.25" TAG=share025 adds those flags to every
+#   run and writes OUT/<step>-<TAG>/ instead (the flags come last, so they win).
 # Holds /tmp/streamrag-cpu.lock for the whole run (so two benchmarks never share the cores and
 # no other job runs between seeds); STREAMRAG_CPU_LOCKED=1 means the caller already holds it.
 set -euo pipefail
@@ -52,12 +54,13 @@ for step in $STEPS; do
       args=(--trace "$OUT/anns-t10.jsonl" --qps 0.2) ;;
     *) echo "unknown step: $step" >&2; exit 2 ;;
   esac
+  dir=$step${TAG:+-$TAG}
   runs=()
   for seed in $SEEDS; do
     echo "== $step, seed $seed"
-    $SR bench replay "${COMMON[@]}" "${args[@]}" --seed "$seed" \
-      --out "$OUT/$step/seed-$seed"
-    runs+=("$OUT/$step/seed-$seed")
+    # shellcheck disable=SC2086  # EXTRA is a list of flags
+    $SR bench replay "${COMMON[@]}" "${args[@]}" ${EXTRA:-} --seed "$seed" --out "$OUT/$dir/seed-$seed"
+    runs+=("$OUT/$dir/seed-$seed")
   done
-  $PY -m load_tests.seeds "${runs[@]}" --label "$step" | tee "$OUT/$step/seeds.md"
+  $PY -m load_tests.seeds "${runs[@]}" --label "$dir" | tee "$OUT/$dir/seeds.md"
 done
