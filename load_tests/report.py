@@ -29,7 +29,7 @@ def percentiles(values: Sequence[float]) -> dict[str, float]:
 
 def summarize_run(meta: Mapping[str, Any], records: Sequence[Mapping[str, Any]],
                   trace_completion_s: float) -> dict[str, Any]:
-    """One configuration entry from a run's per-request records (see `replay.RequestRecord.as_json`)."""
+    """One configuration entry from a run's per-request records (see `replay_run.RequestRecord.as_json`)."""
     ok = [r for r in records if r.get("error") is None and r.get("ttft_s") is not None]
     entry: dict[str, Any] = dict(meta)
     entry.update({

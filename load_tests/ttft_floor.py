@@ -27,7 +27,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from load_tests.replay import stable_query
+from load_tests.replay_run import stable_query
 from load_tests.report import percentile
 from load_tests.synth.tokens import DocTokens, EmbeddedTokenCounter
 from retriever_svc.trace import TraceDocument, TraceQuery, read_trace

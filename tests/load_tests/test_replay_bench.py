@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 from load_tests.plots import ccdf, config_label, write_plots
-from load_tests.replay import add_bench_replay_args, final_documents, poisson_arrivals, run_bench_replay, scale_query
+from load_tests.replay import add_bench_replay_args, run_bench_replay
+from load_tests.replay_run import final_documents, poisson_arrivals, scale_query
 from load_tests.report import BASELINE_ONCE_KEYS, add_speedups, render_report
 from retriever_svc.trace import TraceChunk, TraceDocument, TraceHeader, TraceQuery, read_trace, write_trace
 from servicekit.stats import percentile
