@@ -50,6 +50,7 @@ from inference_svc.engine.scheduler import (
     SchedulerOutput,
 )
 from inference_svc.engine.speculation import DEFAULT_NGRAM_SIZES, DepthSettings, RequestSpeculation, verify
+from inference_svc.engine.step_log import StepLog
 from inference_svc.engine.tokenization import SegmentTokenizer
 
 
@@ -149,6 +150,7 @@ class Engine:
         self.last_step_depths: list[int] = []   # draft depths verified in the last step (for metrics)
         self.last_step_decode_tokens = 0   # tokens the last step computed for decoding requests, drafts included
         self.last_step_emitted = 0         # tokens the last step emitted (sampled or accepted)
+        self.step_log = StepLog.from_env()  # STREAMRAG_STEP_LOG: one line per step (step_log.py)
 
     # --- caller input ---------------------------------------------------------------
     def open(self, request_id: str, segments: Sequence[Segment], sampling: SamplingParams,
@@ -270,6 +272,7 @@ class Engine:
 
     def step(self) -> list[EngineEvent]:
         """Schedule, move KV, run one forward pass, sample; returns the events since the last step."""
+        started_wall, started = time.time(), time.perf_counter()
         out = self.scheduler.schedule(self._propose_drafts())
         self._note_scheduling(out)
         if out.block_moves:
@@ -285,8 +288,20 @@ class Engine:
         self.last_step_depths = [len(chunk.draft) for chunk in out.chunks if chunk.draft]
         self.last_step_draft_tokens = sum(self.last_step_depths)
         self.counters.steps += 1
+        if self.step_log is not None and out.chunks:
+            self._log_step(started_wall, (time.perf_counter() - started) * 1e3, out)
         events, self._events = self._events, []
         return events
+
+    def _log_step(self, started_wall: float, ms: float, out: SchedulerOutput) -> None:
+        scheduled = {chunk.request.request_id: chunk.num_tokens for chunk in out.chunks}
+        complete = [chunk.request.request_id for chunk in out.chunks if chunk.request.context_complete]
+        tokens_complete = sum(scheduled[rid] for rid in complete)
+        waiting = sum(1 for r in self.requests.values()
+                      if r.context_complete and r.is_runnable and r.request_id not in scheduled)
+        self.step_log.write(started_wall, scheduled, complete, ms=round(ms, 1), tokens_complete=tokens_complete,
+                            tokens_partial=out.num_tokens - tokens_complete, complete_not_scheduled=waiting,
+                            preempted=len(out.preempted), free_blocks=self.scheduler.pools()[0].num_free)
 
     def _run(self, out: SchedulerOutput) -> None:
         inputs = []

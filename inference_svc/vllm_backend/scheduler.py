@@ -28,8 +28,6 @@ The policy's name comes from `vllm_config.additional_config["streamrag_policy"]`
 
 from __future__ import annotations
 
-import json
-import os
 import time
 from typing import Any
 
@@ -38,6 +36,7 @@ from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.request import RequestStatus
 
 from inference_svc.engine.policies import make_policy
+from inference_svc.engine.step_log import StepLog
 from inference_svc.vllm_backend.config import POLICY_KEY, POLICY_OPTIONS_KEY
 from inference_svc.vllm_backend.ranking import PolicyRanker
 
@@ -63,9 +62,7 @@ class PolicySchedulingMixin:
                              f"got scheduling_policy={self.policy.value!r}")
         self.ranker = PolicyRanker(make_policy(name, **extra.get(POLICY_OPTIONS_KEY, {})))
         self._preempted_in_step = 0
-        prefix = os.environ.get(STEP_LOG_ENV)
-        path = f"{prefix}.{os.getpid()}.jsonl" if prefix else None
-        self._step_log = open(path, "a", encoding="utf-8") if path else None  # noqa: SIM115 (process lifetime)
+        self._step_log = StepLog.from_env(STEP_LOG_ENV)
 
     # --- the step -------------------------------------------------------------------------
     def schedule(self, *args: Any, **kwargs: Any):
@@ -95,16 +92,13 @@ class PolicySchedulingMixin:
                 complete += n
                 complete_ids.append(rid)
         waiting_complete = sum(1 for r in runnable if r.request_id not in tokens and self.ranker.is_complete(r))
-        self._step_log.write(json.dumps({
-            "t": round(now, 4), "running": len(self.running), "waiting": len(self.waiting),
-            "kv_holding": len(self.kv_holding_waiting), "idle": getattr(self, "num_waiting_for_streaming_input", 0),
-            "held_running": held_running, "held_waiting": held_waiting, "preempted": self._preempted_in_step,
-            "preempted_total": len(getattr(out, "preempted_req_ids", None) or ()),
-            "tokens_complete": complete, "tokens_partial": partial, "requests": len(tokens),
-            "complete_not_scheduled": waiting_complete,
-            "free_blocks": self.kv_cache_manager.block_pool.get_num_free_blocks(),
-            "scheduled": dict(tokens), "complete": complete_ids}) + "\n")
-        self._step_log.flush()
+        self._step_log.write(
+            now, dict(tokens), complete_ids, running=len(self.running), waiting=len(self.waiting),
+            kv_holding=len(self.kv_holding_waiting), idle=getattr(self, "num_waiting_for_streaming_input", 0),
+            held_running=held_running, held_waiting=held_waiting, preempted=self._preempted_in_step,
+            preempted_total=len(getattr(out, "preempted_req_ids", None) or ()), tokens_complete=complete,
+            tokens_partial=partial, requests=len(tokens), complete_not_scheduled=waiting_complete,
+            free_blocks=self.kv_cache_manager.block_pool.get_num_free_blocks())
 
     def _free_request(self, request, *args: Any, **kwargs: Any):
         self.ranker.forget((request.request_id,))
