@@ -169,15 +169,17 @@ class PolicySchedulingMixin:
 
     def _to_hold(self, top, limit: int, before: list) -> list:
         """The requests of `before` (lower-ranked work vLLM would serve ahead of `top`) to leave out
-        of this step so that `top` gets as much of the token budget as it can use: the
-        highest-ranked of them keep their turn while their pending tokens fit in what `top` does
-        not need; only the rest are held back (a step is not spent on `top` alone)."""
+        of this step so that `top`, and every other ready complete prompt waiting (speculative work
+        never delays complete work, whatever the policy), get as much of the token budget as they
+        can use: the highest-ranked of `before` keep their turn while their pending tokens fit in
+        what the waiting ones do not need; only the rest are held back (a step is not spent on the
+        waiting ones alone)."""
         if not before:
             return []
         budget = self.max_num_scheduled_tokens
         above = sum(self._pending(r) for r in self.running if self._rank[r.request_id] < limit)
         left = max(0, budget - above)
-        room = left - min(self._pending(top), left)
+        room = left - min(self._waiting_need(top), left)
         held = []
         for request in sorted(before, key=lambda r: self._rank[r.request_id]):
             pending = self._pending(request)
@@ -186,6 +188,12 @@ class PolicySchedulingMixin:
             else:
                 held.append(request)
         return held
+
+    def _waiting_need(self, top) -> int:
+        """Pending tokens of `top` and of every other ready waiting request whose context is complete."""
+        others = (r for queue in (self.kv_holding_waiting, self.waiting) for r in queue
+                  if r is not top and r.status in _READY and self.ranker.is_complete(r))
+        return self._pending(top) + sum(self._pending(r) for r in others)
 
     @staticmethod
     def _pending(request) -> int:

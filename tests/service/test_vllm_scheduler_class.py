@@ -103,3 +103,25 @@ def test_an_overtaking_request_leaves_the_rest_of_the_budget_to_the_next_in_rank
     assert held not in step.num_scheduled_tokens                       # 688 more would not fit behind it
     assert requests[held].status is RequestStatus.RUNNING and requests[held].num_computed_tokens == 512
     assert not step.preempted_req_ids                                  # the pool holds all three
+
+
+@pytest.mark.parametrize("policy", ["fcfs", "lcas"])
+def test_every_waiting_complete_prompt_counts_against_partial_prefills(embedded_model_dir, policy):
+    """Two complete prompts wait behind two running partial prefills: the class holds back partial
+    work until both complete prompts fit in the step, not only the first (a partial prefill that
+    would fit beside the first alone still waits), and the partial prompts keep their KV."""
+    from vllm.v1.request import RequestStatus
+
+    scheduler = make_scheduler(embedded_model_dir, policy)
+    partials = [make_request("earlier", 1200, 1.0, complete=False), make_request("later", 1200, 2.0, complete=False)]
+    for request in partials:
+        scheduler.add_request(request)
+    scheduler.schedule()                                               # 512 tokens each, 688 pending each
+    for rid, arrival in (("a", 3.0), ("b", 3.5)):
+        scheduler.add_request(make_request(rid, 300, arrival, complete=True))
+    step = scheduler.schedule()
+    assert step.num_scheduled_tokens.get("a") == 300
+    assert step.num_scheduled_tokens.get("b") == 300                  # whole, not the budget's remainder
+    assert not {"earlier", "later"} & set(step.num_scheduled_tokens)   # 688 pending > 1,024 - 600 left
+    for request in partials:
+        assert request.status is RequestStatus.RUNNING and request.num_computed_tokens == 512
