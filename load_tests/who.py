@@ -15,7 +15,7 @@ session 12). Older runs are aligned by the earliest step that schedules each req
 offset = min(step time - the request's arrival). A query's first chunk comes after its arrival
 (retrieval), so those aligned step times are early by the smallest such delay in the run (seconds on
 ANNS): a step shown just before a request's last chunk may have run after it.
-For each of the `--top` slowest streamed requests (or `--ids`), it prints the steps between the
+For each of the `--top` slowest requests of `--mode` (or `--ids`), it prints the steps between the
 request's last chunk and its first token: the step's tokens by request, the waiting request's own
 tokens marked with *, complete requests with "c".
 """
