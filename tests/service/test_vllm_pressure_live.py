@@ -4,7 +4,8 @@ and the evicted session still answers exactly like Generate once its context is 
 
     /opt/vllm-venv/bin/python -m pytest --run-vllm -m vllm tests/service/test_vllm_pressure_live.py
 
-66 blocks of 128 tokens (the fewest vLLM accepts for the model's 8,192-token context); 16 partial
+66 blocks of 128 tokens (the fewest vLLM accepts for the model's 8,192-token context; the block size
+is pinned, the backend's CPU default being 32); 16 partial
 heads of 500 tokens hold 4 blocks each (64 of 66), idle between turns, so a 600-token Generate
 (5 blocks) fits only if a session's blocks are freed. vLLM's own scheduler never preempts an idle
 session: without the eviction the Generate waits until its deadline
@@ -22,7 +23,7 @@ from tests.service.test_vllm_policies import Calls, Timeline, head
 pytest.importorskip("vllm")
 pytestmark = pytest.mark.vllm
 
-BLOCKS, SESSIONS, HEAD = 66, 16, 500
+BLOCKS, BLOCK_SIZE, SESSIONS, HEAD = 66, 128, 16, 500
 
 
 @pytest.fixture(scope="module")
@@ -30,7 +31,8 @@ def service(embedded_model_dir):
     from tests.service.inference_vllm_harness import RunningVllmInference
 
     running = RunningVllmInference(embedded_model_dir, max_streams=32, policy="fcfs",
-                                   extra_args=("--kv-device-blocks", str(BLOCKS), "--token-budget", "256"))
+                                   extra_args=("--kv-device-blocks", str(BLOCKS), "--block-size", str(BLOCK_SIZE),
+                                               "--token-budget", "256"))
     yield running
     running.stop()
 

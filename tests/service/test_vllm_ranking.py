@@ -16,6 +16,7 @@ import pytest
 from inference_svc.engine.options import POLICY_CHOICES
 from inference_svc.engine.policies import POLICIES
 from inference_svc.vllm_backend.config import (
+    CPU_BLOCK_MULTIPLE,
     UnsupportedConfiguration,
     VllmSpec,
     check_supported,
@@ -163,10 +164,13 @@ def test_a_block_size_vllm_cpu_cannot_take_is_refused_at_start_up(block_size):
         VllmSpec(model_dir=Path("model"), device="cpu", block_size=block_size)
 
 
-def test_block_sizes_vllm_takes_pass():
-    for block_size in (None, 32, 128):
-        assert VllmSpec(model_dir=Path("model"), device="cpu", block_size=block_size).block_size == block_size
-    assert VllmSpec(model_dir=Path("model"), device="cuda", dtype="float32", block_size=16).block_size == 16
+def test_block_sizes_vllm_takes_pass_and_the_cpu_default_is_the_smallest():
+    for block_size in (32, 128):
+        assert VllmSpec(model_dir=Path("model"), device="cpu", block_size=block_size).engine_block_size == block_size
+    # unset: 32-token blocks on the CPU (vLLM's own default there is 128), vLLM's default on CUDA
+    assert VllmSpec(model_dir=Path("model"), device="cpu").engine_block_size == CPU_BLOCK_MULTIPLE == 32
+    assert VllmSpec(model_dir=Path("model"), device="cuda", dtype="float32").engine_block_size is None
+    assert VllmSpec(model_dir=Path("model"), device="cuda", dtype="float32", block_size=16).engine_block_size == 16
 
 
 def test_the_adapter_imports_no_vllm():
