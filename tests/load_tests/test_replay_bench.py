@@ -197,9 +197,9 @@ def test_vllm_block_size_goes_to_the_vllm_service_only(tmp_path: Path) -> None:
     parser = argparse.ArgumentParser()
     add_bench_replay_args(parser)
     args = parser.parse_args(["--trace", str(tmp_path / "t.jsonl"), "--qps", "1", "--kv-device-blocks", "66",
-                              "--vllm-block-size", "128"])
+                              "--vllm-block-size", "128", "--out", str(tmp_path / "out")])
     vllm = service_flags(args, "vllm", "recompute")
     assert vllm[vllm.index("--block-size") + 1] == "128" and "--kv-device-blocks" in vllm
     assert "--block-size" not in service_flags(args, "native", "cost")
-    default = parser.parse_args(["--trace", str(tmp_path / "t.jsonl"), "--qps", "1"])
+    default = parser.parse_args(["--trace", str(tmp_path / "t.jsonl"), "--qps", "1", "--out", str(tmp_path / "out")])
     assert "--block-size" not in service_flags(default, "vllm", "recompute")
