@@ -91,7 +91,8 @@ class VllmSpec:
 
 
 class UnsupportedConfiguration(ValueError):
-    """A policy or eviction mode this vLLM backend cannot honour (raised at start-up, never a fallback)."""
+    """A policy, eviction mode or block size this vLLM backend cannot honour (raised at start-up, never a
+    fallback)."""
 
 
 def check_supported(policy: str, eviction: str) -> None:
