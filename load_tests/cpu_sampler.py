@@ -3,18 +3,19 @@
     python -m load_tests.cpu_sampler record --out SAMPLES.jsonl [--interval 0.25]
     python -m load_tests.cpu_sampler report SAMPLES.jsonl STEP_LOG [--slow 0.5] [--top 6]
 
-`record` writes one JSON line per interval until it is stopped (SIGTERM or Ctrl-C): the wall time
-and every process's CPU seconds so far (user + system, psutil), plus a label per process the first
-time it is seen (its name and the start of its command line).
+`record` writes one JSON line per interval until it is stopped (SIGTERM or Ctrl-C): the wall time,
+every process's CPU seconds so far (user + system, psutil) and major page faults so far (a page read
+back from disk: /proc/PID/stat), the machine's major faults (/proc/vmstat), plus a label per process
+the first time it is seen (its name and the start of its command line).
 
 `report` reads a step log (STREAMRAG_VLLM_STEP_LOG for our class inside vLLM, STREAMRAG_STEP_LOG
 on the native engine: one JSON line per step with its wall time "t" and "scheduled": id -> tokens)
 and finds the slow steps: a step followed by one that goes on with a request it scheduled while
 work was left (the step was full, or something waited), where the gap to that next step exceeds
 `--slow` seconds. An idle gap (a streaming request waiting for its next chunk) is not a slow step.
-For each slow step it prints the CPU seconds each process used in that window, and the same for
-the median normal full step, so a slow step can be told apart: the engine's own processes busy
-for the whole window (work inside the engine), or another process taking the cores (contention).
+For each slow step it prints the CPU seconds and major page faults of each process in that window,
+so a slow step can be told apart: another process taking the cores (contention), the engine's own
+processes waiting on pages read back from disk (faults), or busy with work of their own.
 """
 
 from __future__ import annotations
@@ -38,6 +39,22 @@ def _label(proc: psutil.Process) -> str:
     return f"{proc.name()} {cmd}"[:120]
 
 
+def _majflt(pid: int) -> int:
+    """Major page faults of a process so far (field 12 of /proc/PID/stat), 0 if it is gone."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return 0
+    return int(stat.rsplit(")", 1)[1].split()[9])
+
+
+def _machine_majflt() -> int:
+    for line in Path("/proc/vmstat").read_text().splitlines():
+        if line.startswith("pgmajfault "):
+            return int(line.split()[1])
+    return 0
+
+
 def record(out: Path, interval: float) -> None:
     stop = False
 
@@ -50,17 +67,19 @@ def record(out: Path, interval: float) -> None:
     with out.open("w", encoding="utf-8") as fh:
         while not stop:
             t = time.time()
-            cpu, labels = {}, {}
+            cpu, faults, labels = {}, {}, {}
             for proc in psutil.process_iter():
                 try:
                     times = proc.cpu_times()
                     cpu[proc.pid] = round(times.user + times.system, 3)
+                    if majflt := _majflt(proc.pid):
+                        faults[proc.pid] = majflt
                     if proc.pid not in seen:
                         labels[proc.pid] = _label(proc)
                         seen.add(proc.pid)
                 except psutil.Error:
                     continue
-            line = {"t": round(t, 3), "cpu": cpu}
+            line = {"t": round(t, 3), "cpu": cpu, "majflt": faults, "machine_majflt": _machine_majflt()}
             if labels:
                 line["labels"] = labels
             fh.write(json.dumps(line) + "\n")
@@ -75,8 +94,11 @@ def _load(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
 
 
-def slow_steps(steps: list[dict], slow: float, budget: int) -> tuple[list[tuple[float, float, dict]], list[float]]:
-    """(start, end, step) of each slow step, and the durations of the normal full steps."""
+SlowStep = tuple[float, float, dict, dict]
+
+
+def slow_steps(steps: list[dict], slow: float, budget: int) -> tuple[list[SlowStep], list[float]]:
+    """(start, end, step, next step) of each slow step, and the durations of the normal full steps."""
     found, normal = [], []
     for step, nxt in itertools.pairwise(steps):
         tokens = sum(step.get("scheduled", {}).values())
@@ -85,24 +107,41 @@ def slow_steps(steps: list[dict], slow: float, budget: int) -> tuple[list[tuple[
             continue
         gap = nxt["t"] - step["t"]
         if gap > slow:
-            found.append((step["t"], nxt["t"], step))
+            found.append((step["t"], nxt["t"], step, nxt))
         elif tokens >= budget * 0.97:
             normal.append(gap)
     return found, normal
 
 
-def cpu_in(samples: list[dict], start: float, end: float) -> dict[int, float]:
-    """CPU seconds per process between the samples that bracket [start, end]."""
+def _bracket(samples: list[dict], start: float, end: float) -> tuple[dict | None, dict | None]:
     before = max((s for s in samples if s["t"] <= start), key=lambda s: s["t"], default=None)
     after = min((s for s in samples if s["t"] >= end), key=lambda s: s["t"], default=None)
+    return before, after
+
+
+def cpu_in(samples: list[dict], start: float, end: float, field: str = "cpu") -> dict[int, float]:
+    """CPU seconds (or with field="majflt", major faults) per process between the samples that
+    bracket [start, end]."""
+    before, after = _bracket(samples, start, end)
     if before is None or after is None:
         return {}
     used = {}
-    for pid, total in after["cpu"].items():
-        delta = total - before["cpu"].get(pid, 0.0)
+    for pid, total in after.get(field, {}).items():
+        delta = total - before.get(field, {}).get(pid, 0.0)
         if delta > 0.005:
             used[int(pid)] = delta
     return used
+
+
+def _whole(samples: list[dict], field: str) -> dict[int, float]:
+    """Per process over the recording: its last value less its first (processes come and go)."""
+    first: dict[str, float] = {}
+    last: dict[str, float] = {}
+    for s in samples:
+        for pid, value in s.get(field, {}).items():
+            first.setdefault(pid, value)
+            last[pid] = value
+    return {int(pid): last[pid] - first[pid] for pid in last if last[pid] - first[pid] > 0.005}
 
 
 def report(samples_path: Path, step_log: Path, slow: float, budget: int, top: int) -> None:
@@ -113,21 +152,31 @@ def report(samples_path: Path, step_log: Path, slow: float, budget: int, top: in
     print(f"{step_log.name}: {len(found)} slow step(s) over {slow} s; normal full steps: {len(normal)}, "
           f"median {statistics.median(normal) if normal else float('nan'):.3f} s")
 
-    def show(start: float, end: float) -> None:
-        used = cpu_in(samples, start, end)
-        window = max(end - start, 1e-9)
+    def show(used: dict[int, float], faults: dict[int, float], window: float, machine_faults: int) -> None:
         for pid, sec in sorted(used.items(), key=lambda kv: -kv[1])[:top]:
-            print(f"    {sec:6.2f} CPU-s ({sec / window:4.0%} of a core) pid {pid} {labels.get(pid, '?')}")
-        print(f"    total {sum(used.values()):.2f} CPU-s in {window:.2f} s (sample bracket)")
+            print(f"    {sec:6.2f} CPU-s ({sec / window:4.0%} of a core), {faults.get(pid, 0):5.0f} major faults,"
+                  f" pid {pid} {labels.get(pid, '?')}")
+        print(f"    total {sum(used.values()):.2f} CPU-s in {window:.2f} s; "
+              f"major faults on the machine: {machine_faults}")
 
-    for start, end, step in found:
+    for start, end, step, nxt in found:
         print(f"  slow step at {start - t0:.2f} s: {end - start:.2f} s, {sum(step['scheduled'].values())} tokens, "
               f"running {step.get('running')}, waiting {step.get('waiting')}: {step['scheduled']}")
-        show(start, end)
-    # a contrast: the CPU of the whole run's busy time by process, per second of wall time
-    if samples:
-        print(f"  whole recording ({samples[-1]['t'] - t0:.0f} s), CPU-s by process:")
-        show(samples[0]["t"], samples[-1]["t"])
+        if "gc_ms" in nxt:  # the step log's own clocks (since session 15): where the engine process's time went
+            print(f"    in the engine process: schedule {step.get('schedule_ms', '?')} ms, update_from_output "
+                  f"{nxt.get('update_ms', '?')} ms, garbage collector {nxt['gc_ms']} ms "
+                  f"({nxt.get('gc_gen2', 0)} full collections)")
+        before, after = _bracket(samples, start, end)
+        if before is None or after is None:
+            print("    (outside the recording)")
+            continue
+        show(cpu_in(samples, start, end), cpu_in(samples, start, end, "majflt"), after["t"] - before["t"],
+             after.get("machine_majflt", 0) - before.get("machine_majflt", 0))
+        print(f"    (sample bracket {before['t'] - t0:.2f}-{after['t'] - t0:.2f} s)")
+    if samples:  # the contrast: the whole recording
+        print(f"  whole recording ({samples[-1]['t'] - t0:.0f} s):")
+        show(_whole(samples, "cpu"), _whole(samples, "majflt"), samples[-1]["t"] - t0,
+             samples[-1].get("machine_majflt", 0) - samples[0].get("machine_majflt", 0))
 
 
 def main(argv: list[str] | None = None) -> None:

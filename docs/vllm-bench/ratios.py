@@ -6,6 +6,7 @@ Per seed, from the same run, every pair below whose two configurations the run h
 p50/p95/p99 ratio = baseline TTFT / subject TTFT (above 1: the subject is faster). Then the median
 and min-max over seeds. vLLM-NS is `Generate` on the `default` service, or on the `fcfs` one where
 the run had only that (`--policies fcfs`: the baseline runs in the first configuration).
+A run with several `--qps` is split by QPS: each pair is taken within one QPS.
 """
 
 from __future__ import annotations
@@ -23,9 +24,11 @@ PAIRS = [("vLLM+fcfs", "vLLM-S"), ("vLLM+fcfs", "vLLM-NS"), ("vLLM+fcfs", "nativ
          ("native fcfs-S", "vLLM-S"), ("native fcfs-S", "vLLM-NS"), ("native fcfs-S", "native-NS")]
 
 
-def configs(directory: Path) -> dict[str, dict]:
-    out = {}
+def configs(directory: Path) -> dict[float | None, dict[str, dict]]:
+    """Each QPS's configurations by name."""
+    by_qps: dict[float | None, dict[str, dict]] = {}
     for c in json.loads((directory / "summary.json").read_text())["configs"]:
+        out = by_qps.setdefault(c.get("qps"), {})
         key = (c.get("engine", "native"), c["policy"], c["streaming"])
         if key in NAMES:
             out[NAMES[key]] = c
@@ -33,14 +36,16 @@ def configs(directory: Path) -> dict[str, dict]:
             name = "vLLM-NS" if key[0] == "vllm" else "native-NS"
             if name not in out or key[1] == "default":
                 out[name] = c
-    return out
+    return by_qps
 
 
 def main(dirs: list[str]) -> None:
     per: dict[str, list[float]] = {}
-    for d in dirs:
-        cs = configs(Path(d))
-        print(f"{d}: " + "; ".join(f"{name} " + "/".join(f"{c['ttft_s'][p]:.3f}" for p in PCTS)
+    runs = [(d, qps, cs) for d in dirs for qps, cs in configs(Path(d)).items()]
+    several = len({qps for _, qps, _ in runs}) > 1
+    for d, qps, cs in runs:
+        at = f" qps={qps:g}" if several else ""
+        print(f"{d}{at}: " + "; ".join(f"{name} " + "/".join(f"{c['ttft_s'][p]:.3f}" for p in PCTS)
                                      + f" ({c['requests']} ok, {c.get('failed', 0)} failed,"
                                        f" completion {c['trace_completion_s']:.0f} s)"
                                      for name, c in cs.items()))
@@ -49,7 +54,7 @@ def main(dirs: list[str]) -> None:
             if subject in cs and baseline in cs:
                 for p in PCTS:
                     r = cs[baseline]["ttft_s"][p] / cs[subject]["ttft_s"][p]
-                    per.setdefault(f"{subject} vs {baseline} {p}", []).append(r)
+                    per.setdefault(f"{subject} vs {baseline}{at} {p}", []).append(r)
                     cells.append(f"{subject} vs {baseline} {p} {r:.2f}x")
         print("    " + ", ".join(cells))
     print(f"median (min-max) over {len(dirs)} seed(s):")

@@ -44,7 +44,9 @@ _READY = (RequestStatus.WAITING, RequestStatus.PREEMPTED)
 # Set to a path prefix, the class writes one JSON line per step to PREFIX.<pid>.jsonl (benchmark
 # evidence: queue lengths, what it held back or preempted (ours; total: vLLM's and ours), tokens
 # scheduled to complete and partial prompts, and per request: "scheduled" maps each request id to its
-# tokens this step, "complete" lists the ids of those whose context is complete). Unset: nothing is written.
+# tokens this step, "complete" lists the ids of those whose context is complete; the time of this
+# schedule() call, of update_from_output since the previous step, and in the garbage collector: a slow
+# step can be told apart from one whose time went to the model). Unset: nothing is written.
 STEP_LOG_ENV = "STREAMRAG_VLLM_STEP_LOG"
 
 
@@ -63,10 +65,11 @@ class PolicySchedulingMixin:
         self.ranker = PolicyRanker(make_policy(name, **extra.get(POLICY_OPTIONS_KEY, {})))
         self._preempted_in_step = 0
         self._step_log = StepLog.from_env(STEP_LOG_ENV)
+        self._update_s = 0.0   # time in update_from_output since the last logged step
 
     # --- the step -------------------------------------------------------------------------
     def schedule(self, *args: Any, **kwargs: Any):
-        now = time.time()
+        now, started = time.time(), time.perf_counter()
         self._preempted_in_step = 0
         held_running, held_waiting, runnable = self._arrange(now)
         try:
@@ -77,10 +80,18 @@ class PolicySchedulingMixin:
             self._order_running()
         self.ranker.note_scheduled(set(out.num_scheduled_tokens), runnable, now)
         if self._step_log is not None:
-            self._log_step(now, out, runnable, len(held_running), len(held_waiting))
+            self._log_step(now, out, runnable, len(held_running), len(held_waiting), time.perf_counter() - started)
         return out
 
-    def _log_step(self, now: float, out: Any, runnable: list, held_running: int, held_waiting: int) -> None:
+    def update_from_output(self, *args: Any, **kwargs: Any):
+        started = time.perf_counter()
+        try:
+            return super().update_from_output(*args, **kwargs)
+        finally:
+            self._update_s += time.perf_counter() - started
+
+    def _log_step(self, now: float, out: Any, runnable: list, held_running: int, held_waiting: int,
+                  schedule_s: float) -> None:
         tokens = out.num_scheduled_tokens
         complete = partial = 0
         complete_ids = []
@@ -98,7 +109,9 @@ class PolicySchedulingMixin:
             held_running=held_running, held_waiting=held_waiting, preempted=self._preempted_in_step,
             preempted_total=len(getattr(out, "preempted_req_ids", None) or ()), tokens_complete=complete,
             tokens_partial=partial, requests=len(tokens), complete_not_scheduled=waiting_complete,
-            free_blocks=self.kv_cache_manager.block_pool.get_num_free_blocks())
+            free_blocks=self.kv_cache_manager.block_pool.get_num_free_blocks(),
+            schedule_ms=round(schedule_s * 1000, 2), update_ms=round(self._update_s * 1000, 2))
+        self._update_s = 0.0
 
     def _free_request(self, request, *args: Any, **kwargs: Any):
         self.ranker.forget((request.request_id,))

@@ -41,3 +41,24 @@ def test_without_the_variable_nothing_is_written(tmp_path, monkeypatch):
     engine.finish("r")
     run_to_completion(engine)
     assert not list(tmp_path.iterdir())
+
+
+def test_time_in_the_garbage_collector_is_reported_with_the_next_step(tmp_path):
+    import gc
+
+    from inference_svc.engine.step_log import StepLog
+
+    with open(tmp_path / "steps.jsonl", "w", encoding="utf-8") as stream:
+        log = StepLog(stream)
+        try:
+            log.write(0.0, {}, [])
+            gc.collect(2)
+            gc.collect(0)
+            log.write(1.0, {}, [])
+            log.write(2.0, {}, [])
+        finally:
+            log.close()
+    lines = [json.loads(line) for line in (tmp_path / "steps.jsonl").read_text().splitlines()]
+    assert [line["gc_gen2"] for line in lines] == [0, 1, 0]
+    assert lines[1]["gc_ms"] > 0 and lines[2]["gc_ms"] == 0
+    assert log._on_gc not in gc.callbacks

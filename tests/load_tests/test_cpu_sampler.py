@@ -26,7 +26,7 @@ def test_a_slow_full_step_is_found_and_an_idle_gap_is_not():
         _step(3.90, {"b": 50}),    # waiting work and the same request goes on: slow
     ]
     found, normal = slow_steps(steps, slow=0.5, budget=256)
-    assert [(round(a, 2), round(b, 2)) for a, b, _ in found] == [(0.12, 1.2), (3.1, 3.9)]
+    assert [(round(a, 2), round(b, 2)) for a, b, _, _ in found] == [(0.12, 1.2), (3.1, 3.9)]
     assert [round(g, 2) for g in normal] == [0.12]
 
 

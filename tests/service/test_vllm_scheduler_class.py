@@ -125,3 +125,23 @@ def test_every_waiting_complete_prompt_counts_against_partial_prefills(embedded_
     assert not {"earlier", "later"} & set(step.num_scheduled_tokens)   # 688 pending > 1,024 - 600 left
     for request in partials:
         assert request.status is RequestStatus.RUNNING and request.num_computed_tokens == 512
+
+
+def test_the_step_log_times_each_step_inside_the_engine_process(embedded_model_dir, tmp_path, monkeypatch):
+    """With STREAMRAG_VLLM_STEP_LOG set, each step's line carries what the class scheduled and where the
+    engine process's time went (its schedule() call, update_from_output, the garbage collector)."""
+    import json
+
+    from inference_svc.vllm_backend.scheduler import STEP_LOG_ENV
+
+    monkeypatch.setenv(STEP_LOG_ENV, str(tmp_path / "steps"))
+    scheduler = make_scheduler(embedded_model_dir, "fcfs")
+    scheduler.add_request(make_request("r", 300, 1.0, complete=True))
+    scheduler.schedule()
+    scheduler.schedule()
+    (log,) = tmp_path.glob("steps.*.jsonl")
+    lines = [json.loads(line) for line in log.read_text().splitlines()]
+    assert len(lines) == 2
+    assert lines[0]["scheduled"] == {"r": 300} and lines[0]["complete"] == ["r"]
+    for line in lines:
+        assert line["schedule_ms"] >= 0 and line["update_ms"] == 0 and line["gc_ms"] >= 0
