@@ -1,12 +1,13 @@
 """Which processes used the CPU while a step was slow: a per-process CPU sampler and its report.
 
-    python -m load_tests.cpu_sampler record --out SAMPLES.jsonl [--interval 0.25]
+    python -m load_tests.cpu_sampler record --out SAMPLES.jsonl [--interval 0.25] [--threads-of TEXT]
     python -m load_tests.cpu_sampler report SAMPLES.jsonl STEP_LOG [--slow 0.5] [--top 6]
 
 `record` writes one JSON line per interval until it is stopped (SIGTERM or Ctrl-C): the wall time,
 every process's CPU seconds so far (user + system, psutil) and major page faults so far (a page read
-back from disk: /proc/PID/stat), the machine's major faults (/proc/vmstat), plus a label per process
-the first time it is seen (its name and the start of its command line).
+back from disk: /proc/PID/stat), each thread's CPU seconds in the processes whose command line holds
+a `--threads-of` text, the machine's major faults (/proc/vmstat) and the CPU time the hypervisor gave
+to others (steal, /proc/stat), plus a label per process and thread the first time it is seen.
 
 `report` reads a step log (STREAMRAG_VLLM_STEP_LOG for our class inside vLLM, STREAMRAG_STEP_LOG
 on the native engine: one JSON line per step with its wall time "t" and "scheduled": id -> tokens)
@@ -14,8 +15,9 @@ and finds the slow steps: a step followed by one that goes on with a request it 
 work was left (the step was full, or something waited), where the gap to that next step exceeds
 `--slow` seconds. An idle gap (a streaming request waiting for its next chunk) is not a slow step.
 For each slow step it prints the CPU seconds and major page faults of each process in that window,
-so a slow step can be told apart: another process taking the cores (contention), the engine's own
-processes waiting on pages read back from disk (faults), or busy with work of their own.
+so a slow step can be told apart: another process taking the cores (contention), the hypervisor
+taking them (steal), the engine's own processes waiting on pages read back from disk (faults), or
+busy with work of their own.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import os
 import signal
 import statistics
 import time
@@ -55,7 +58,20 @@ def _machine_majflt() -> int:
     return 0
 
 
-def record(out: Path, interval: float) -> None:
+def _machine_steal_s() -> float:
+    """CPU seconds the hypervisor gave to others while this machine's CPUs wanted to run (/proc/stat)."""
+    fields = Path("/proc/stat").read_text().splitlines()[0].split()
+    return int(fields[8]) / os.sysconf("SC_CLK_TCK") if len(fields) > 8 else 0.0
+
+
+def _thread_name(pid: int, tid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/task/{tid}/comm").read_text().strip()
+    except OSError:
+        return "?"
+
+
+def record(out: Path, interval: float, threads_of: tuple[str, ...] = ()) -> None:
     stop = False
 
     def _stop(*_):
@@ -64,10 +80,12 @@ def record(out: Path, interval: float) -> None:
 
     signal.signal(signal.SIGTERM, _stop)
     seen: set[int] = set()
+    traced: dict[int, bool] = {}   # pid -> whether its threads are sampled too
+    seen_threads: set[str] = set()
     with out.open("w", encoding="utf-8") as fh:
         while not stop:
             t = time.time()
-            cpu, faults, labels = {}, {}, {}
+            cpu, faults, labels, thread_cpu, thread_labels = {}, {}, {}, {}, {}
             for proc in psutil.process_iter():
                 try:
                     times = proc.cpu_times()
@@ -76,12 +94,25 @@ def record(out: Path, interval: float) -> None:
                         faults[proc.pid] = majflt
                     if proc.pid not in seen:
                         labels[proc.pid] = _label(proc)
+                        traced[proc.pid] = any(pattern in labels[proc.pid] for pattern in threads_of)
                         seen.add(proc.pid)
+                    if traced.get(proc.pid):
+                        for thread in proc.threads():
+                            key = f"{proc.pid}/{thread.id}"
+                            thread_cpu[key] = round(thread.user_time + thread.system_time, 3)
+                            if key not in seen_threads:
+                                thread_labels[key] = _thread_name(proc.pid, thread.id)
+                                seen_threads.add(key)
                 except psutil.Error:
                     continue
-            line = {"t": round(t, 3), "cpu": cpu, "majflt": faults, "machine_majflt": _machine_majflt()}
+            line = {"t": round(t, 3), "cpu": cpu, "majflt": faults, "machine_majflt": _machine_majflt(),
+                    "machine_steal_s": _machine_steal_s()}
             if labels:
                 line["labels"] = labels
+            if thread_cpu:
+                line["threads"] = thread_cpu
+            if thread_labels:
+                line["thread_labels"] = thread_labels
             fh.write(json.dumps(line) + "\n")
             fh.flush()
             try:
@@ -129,7 +160,7 @@ def cpu_in(samples: list[dict], start: float, end: float, field: str = "cpu") ->
     for pid, total in after.get(field, {}).items():
         delta = total - before.get(field, {}).get(pid, 0.0)
         if delta > 0.005:
-            used[int(pid)] = delta
+            used[pid if field == "threads" else int(pid)] = delta
     return used
 
 
@@ -147,17 +178,19 @@ def _whole(samples: list[dict], field: str) -> dict[int, float]:
 def report(samples_path: Path, step_log: Path, slow: float, budget: int, top: int) -> None:
     samples = _load(samples_path)
     labels = {int(pid): label for s in samples for pid, label in s.get("labels", {}).items()}
+    thread_labels = {key: label for s in samples for key, label in s.get("thread_labels", {}).items()}
     found, normal = slow_steps(_load(step_log), slow, budget)
     t0 = min(s["t"] for s in samples)
     print(f"{step_log.name}: {len(found)} slow step(s) over {slow} s; normal full steps: {len(normal)}, "
           f"median {statistics.median(normal) if normal else float('nan'):.3f} s")
 
-    def show(used: dict[int, float], faults: dict[int, float], window: float, machine_faults: int) -> None:
+    def show(used: dict[int, float], faults: dict[int, float], window: float, machine_faults: int,
+             steal: float) -> None:
         for pid, sec in sorted(used.items(), key=lambda kv: -kv[1])[:top]:
             print(f"    {sec:6.2f} CPU-s ({sec / window:4.0%} of a core), {faults.get(pid, 0):5.0f} major faults,"
                   f" pid {pid} {labels.get(pid, '?')}")
         print(f"    total {sum(used.values()):.2f} CPU-s in {window:.2f} s; "
-              f"major faults on the machine: {machine_faults}")
+              f"major faults on the machine: {machine_faults}; stolen by the hypervisor: {steal:.2f} CPU-s")
 
     for start, end, step, nxt in found:
         print(f"  slow step at {start - t0:.2f} s: {end - start:.2f} s, {sum(step['scheduled'].values())} tokens, "
@@ -171,12 +204,18 @@ def report(samples_path: Path, step_log: Path, slow: float, budget: int, top: in
             print("    (outside the recording)")
             continue
         show(cpu_in(samples, start, end), cpu_in(samples, start, end, "majflt"), after["t"] - before["t"],
-             after.get("machine_majflt", 0) - before.get("machine_majflt", 0))
+             after.get("machine_majflt", 0) - before.get("machine_majflt", 0),
+             after.get("machine_steal_s", 0) - before.get("machine_steal_s", 0))
+        threads = sorted(cpu_in(samples, start, end, "threads").items(), key=lambda kv: -kv[1])[:top]
+        if threads:
+            print("    by thread (pid/tid name CPU-s): "
+                  + ", ".join(f"{key} {thread_labels.get(key, '?')} {sec:.2f}" for key, sec in threads))
         print(f"    (sample bracket {before['t'] - t0:.2f}-{after['t'] - t0:.2f} s)")
     if samples:  # the contrast: the whole recording
         print(f"  whole recording ({samples[-1]['t'] - t0:.0f} s):")
         show(_whole(samples, "cpu"), _whole(samples, "majflt"), samples[-1]["t"] - t0,
-             samples[-1].get("machine_majflt", 0) - samples[0].get("machine_majflt", 0))
+             samples[-1].get("machine_majflt", 0) - samples[0].get("machine_majflt", 0),
+             samples[-1].get("machine_steal_s", 0) - samples[0].get("machine_steal_s", 0))
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -185,6 +224,8 @@ def main(argv: list[str] | None = None) -> None:
     rec = sub.add_parser("record", help="sample every process's CPU time until stopped")
     rec.add_argument("--out", type=Path, required=True)
     rec.add_argument("--interval", type=float, default=0.25)
+    rec.add_argument("--threads-of", action="append", default=[], metavar="TEXT",
+                     help="also sample the threads of processes whose command line holds TEXT (repeatable)")
     rep = sub.add_parser("report", help="CPU by process during each slow step of a step log")
     rep.add_argument("samples", type=Path)
     rep.add_argument("step_log", type=Path)
@@ -195,7 +236,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.cmd == "record":
         if args.interval <= 0:
             parser.error("--interval must be positive")
-        record(args.out, args.interval)
+        record(args.out, args.interval, tuple(args.threads_of))
     else:
         for path in (args.samples, args.step_log):
             if not path.is_file():

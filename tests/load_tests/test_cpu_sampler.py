@@ -55,3 +55,17 @@ def test_record_writes_samples_until_terminated(tmp_path):
     assert str(proc.pid) in lines[0]["cpu"]
     assert "cpu_sampler" in lines[0]["labels"][str(proc.pid)]
     assert str(os.getpid()) in lines[0]["cpu"]
+
+
+def test_threads_are_sampled_for_the_named_processes(tmp_path):
+    out = tmp_path / "samples.jsonl"
+    proc = subprocess.Popen([sys.executable, "-m", "load_tests.cpu_sampler", "record", "--out", str(out),
+                             "--interval", "0.05", "--threads-of", "cpu_sampler"])
+    deadline = time.time() + 60
+    while time.time() < deadline and (not out.exists() or len(out.read_text().splitlines()) < 2):
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=30) == 0
+    first = json.loads(out.read_text().splitlines()[0])
+    assert f"{proc.pid}/{proc.pid}" in first["threads"]            # its main thread
+    assert first["thread_labels"][f"{proc.pid}/{proc.pid}"]
