@@ -4,8 +4,9 @@
 # pressure ablation (every policy x every eviction mode on a small device KV pool).
 #
 #   bash scripts/bench_paper.sh [OUT_DIR] [STEP...]
-#   steps: traces crawler crawler-high anns pressure-crawler pressure-anns anns-t10 peer
-#   (default: all but anns-t10, a sensitivity check, and peer, which needs vLLM: docs/vllm.md)
+#   steps: traces crawler crawler-high anns pressure-crawler pressure-anns anns-t10 peer peer-t1 anns-vllm
+#   (default: all but anns-t10, a sensitivity check, and the peer and *-vllm steps, which need vLLM:
+#   SR=/opt/vllm-venv/bin/streamrag, docs/vllm.md). SEED=S sets the arrival seed (default 0).
 #
 # Scaling (docs/benchmarks.md, "Replay: the paper's evaluation"): tokens x0.05 and time x3 keep the
 # paper's ratios of prefill time to retrieval time and of step time to chunk gap on this CPU and
@@ -23,7 +24,7 @@ SR=${SR:-.venv/bin/streamrag}
 # The traces draw passages from the default index's store; PASSAGES=FILE names another passages.sqlite
 # (for example one written without embedding the corpus), which gives the same traces for the same corpus.
 SYNTH=(${PASSAGES:+--passages "$PASSAGES"})
-COMMON=(--token-budget 256 --dtype auto)   # auto: bf16 where the CPU has it natively, else fp32
+COMMON=(--token-budget 256 --dtype auto --seed "${SEED:-0}")   # auto: bf16 where the CPU has it, else fp32
 mkdir -p "$OUT"
 
 for step in $STEPS; do
@@ -36,7 +37,10 @@ for step in $STEPS; do
         --out "$OUT/anns.jsonl"
       # 120 queries: at high load the arrivals must outlast a query's 30 s retrieval (steady state)
       $SR trace synth "${SYNTH[@]}" --workload crawler --queries 120 --token-scale 0.05 --time-scale 3 --seed 2 \
-        --out "$OUT/crawler-120.jsonl" ;;
+        --out "$OUT/crawler-120.jsonl"
+      # the same queries at the paper's own timing (time x1): the paper's QPS 4 saturates this CPU with it
+      $SR trace synth "${SYNTH[@]}" --workload crawler --queries 120 --token-scale 0.05 --time-scale 1 --seed 2 \
+        --out "$OUT/crawler-120-t1.jsonl" ;;
     crawler)            # paper QPS 0.5, 1, 2, 4
       $SR bench replay --trace "$OUT/crawler.jsonl" --qps 0.167 --qps 0.333 --qps 0.667 --qps 1.333 \
         --policies fcfs --eviction cost "${COMMON[@]}" --out "$OUT/crawler" ;;
@@ -52,6 +56,13 @@ for step in $STEPS; do
                         # crawler at high load; eviction: cost on native, recompute on vllm (the defaults)
       $SR bench replay --trace "$OUT/crawler-120.jsonl" --qps 1.333 --engine native,vllm \
         --policies default,fcfs "${COMMON[@]}" --out "$OUT/peer" ;;
+    peer-t1)            # our fcfs inside vLLM against vLLM-S and vLLM-NS, crawler at the paper's timing:
+                        # QPS 4 (the paper's high load: saturating here) and 8 (past saturation)
+      $SR bench replay --trace "$OUT/crawler-120-t1.jsonl" --qps 4 --qps 8 --engine vllm \
+        --policies default,fcfs "${COMMON[@]}" --out "$OUT/peer-t1" ;;
+    anns-vllm)          # the same on ANNS, paper QPS 0.5, 1, 2
+      $SR bench replay --trace "$OUT/anns.jsonl" --qps 0.167 --qps 0.333 --qps 0.667 --engine vllm \
+        --policies default,fcfs "${COMMON[@]}" --out "$OUT/anns-vllm" ;;
     anns)               # paper QPS 0.5, 1, 2
       $SR bench replay --trace "$OUT/anns.jsonl" --qps 0.167 --qps 0.333 --qps 0.667 \
         --policies fcfs --eviction cost "${COMMON[@]}" --out "$OUT/anns" ;;
