@@ -1,7 +1,7 @@
 """Which processes used the CPU while a step was slow: a per-process CPU sampler and its report.
 
     python -m load_tests.cpu_sampler record --out SAMPLES.jsonl [--interval 0.25] [--threads-of TEXT]
-    python -m load_tests.cpu_sampler report SAMPLES.jsonl STEP_LOG [--slow 0.5] [--top 6]
+    python -m load_tests.cpu_sampler report SAMPLES.jsonl[.gz] STEP_LOG [--slow 0.5] [--top 6]
 
 `record` writes one JSON line per interval until it is stopped (SIGTERM or Ctrl-C): the wall time,
 every process's CPU seconds so far (user + system, psutil) and major page faults so far (a page read
@@ -23,6 +23,7 @@ busy with work of their own.
 from __future__ import annotations
 
 import argparse
+import gzip
 import itertools
 import json
 import os
@@ -122,7 +123,9 @@ def record(out: Path, interval: float, threads_of: tuple[str, ...] = ()) -> None
 
 
 def _load(path: Path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    """JSON lines from a file, gzip-compressed if its name ends in .gz (how samples are kept in docs/)."""
+    text = gzip.decompress(path.read_bytes()).decode("utf-8") if path.suffix == ".gz" else path.read_text("utf-8")
+    return [json.loads(line) for line in text.splitlines() if line.strip()]
 
 
 SlowStep = tuple[float, float, dict, dict]

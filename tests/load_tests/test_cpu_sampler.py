@@ -69,3 +69,15 @@ def test_threads_are_sampled_for_the_named_processes(tmp_path):
     first = json.loads(out.read_text().splitlines()[0])
     assert f"{proc.pid}/{proc.pid}" in first["threads"]            # its main thread
     assert first["thread_labels"][f"{proc.pid}/{proc.pid}"]
+
+
+def test_a_compressed_recording_reads_like_the_plain_one(tmp_path):
+    import gzip
+
+    from load_tests.cpu_sampler import _load
+
+    lines = [{"t": 0.0, "cpu": {"1": 1.0}}, {"t": 1.0, "cpu": {"1": 2.0}}]
+    text = "\n".join(json.dumps(line) for line in lines) + "\n"
+    (tmp_path / "a.jsonl").write_text(text)
+    (tmp_path / "a.jsonl.gz").write_bytes(gzip.compress(text.encode()))
+    assert _load(tmp_path / "a.jsonl") == _load(tmp_path / "a.jsonl.gz") == lines
