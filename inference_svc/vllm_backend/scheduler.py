@@ -12,12 +12,12 @@ own pass, `PolicyStreamingScheduler`:
 2. orders `running` and both waiting queues by that rank, so vLLM's own scan follows our
    order and its preemption (`running[-1]`) takes the lowest priority first;
 3. lets the highest-ranked ready waiting request overtake lower-ranked work that vLLM would
-   otherwise serve first (running prefills of partial prompts, and KV-holding waiting requests
-   when it is in `waiting`): as many of them as would leave it less of the token budget than it
-   can use sit this step out, lowest rank first (they keep their KV); the others keep their
-   turn, so the step's budget is not spent on the top request alone. If the device pool cannot
-   hold the overtaking request, the lowest-ranked of those running prefills are preempted
-   (recompute) until it can;
+   otherwise serve first (running prefills, of partial prompts or of complete ones ranked below
+   it, and KV-holding waiting requests when it is in `waiting`): as many of them as would leave
+   it less of the token budget than it can use sit this step out, lowest rank first (they keep
+   their KV); the others keep their turn, so the step's budget is not spent on the top request
+   alone. If the device pool cannot hold the overtaking request, the lowest-ranked of those
+   running prefills are preempted (recompute) until it can;
 4. after vLLM's pass, puts them back and records who was passed over (LCAS's starvation bound).
 
 vLLM's streaming sessions idle between turns (`WAITING_FOR_STREAMING_REQ`) keep their KV and
@@ -132,11 +132,13 @@ class PolicySchedulingMixin:
             return [], [], runnable
         rank = self._rank
         limit = rank[top.request_id]
-        # What vLLM serves before `top` this step although it ranks below it: running partial
-        # prefills (running goes first) and, if `top` is in `waiting`, the ready KV-holding
+        # What vLLM serves before `top` this step although it ranks below it: running prefills
+        # (running goes first; a complete one too, for example under fcfs a prompt whose context
+        # completed after `top`'s, which non-streaming would serve after it) and, if `top` is in
+        # `waiting`, the ready KV-holding
         # requests (that queue is drained before `waiting`). When `top` is itself KV-holding, the
         # lower-ranked ones of that queue come after it in vLLM's scan and need no holding back.
-        before = [r for r in self.running if rank[r.request_id] > limit and self._partial_prefill(r)]
+        before = [r for r in self.running if rank[r.request_id] > limit and self._prefilling(r)]
         if top_in_waiting:
             before += [r for r in self.kv_holding_waiting if rank[r.request_id] > limit and r.status in _READY]
         held = self._to_hold(top, limit, before)
@@ -182,41 +184,44 @@ class PolicySchedulingMixin:
 
     def _to_hold(self, top, limit: int, before: list) -> list:
         """The requests of `before` (lower-ranked work vLLM would serve ahead of `top`) to leave out
-        of this step so that `top`, and every other ready complete prompt waiting (speculative work
-        never delays complete work, whatever the policy), get as much of the token budget as they
-        can use: the highest-ranked of `before` keep their turn while their pending tokens fit in
-        what the waiting ones do not need; only the rest are held back (a step is not spent on the
-        waiting ones alone)."""
+        of this step so that `top`, and the other ready complete prompts waiting, get as much of the
+        token budget as they can use: the highest-ranked of `before` keep their turn while their
+        pending tokens fit in what the waiting ones do not need; only the rest are held back (a step
+        is not spent on the waiting ones alone). Against a partial prompt every waiting complete
+        prompt counts (speculative work never delays complete work, whatever the policy); against a
+        complete one, only those the policy ranks above it."""
         if not before:
             return []
         budget = self.max_num_scheduled_tokens
         above = sum(self._pending(r) for r in self.running if self._rank[r.request_id] < limit)
         left = max(0, budget - above)
-        room = left - min(self._waiting_need(top), left)
-        held = []
+        kept, held = 0, []
         for request in sorted(before, key=lambda r: self._rank[r.request_id]):
+            rank = self._rank[request.request_id] if self.ranker.is_complete(request) else None
             pending = self._pending(request)
-            if pending <= room:
-                room -= pending
+            if kept + pending + self._waiting_need(top, ranked_above=rank) <= left:
+                kept += pending
             else:
                 held.append(request)
         return held
 
-    def _waiting_need(self, top) -> int:
-        """Pending tokens of `top` and of every other ready waiting request whose context is complete."""
+    def _waiting_need(self, top, ranked_above: int | None = None) -> int:
+        """Pending tokens of `top` and of every other ready waiting request whose context is complete
+        (with `ranked_above`, of those the policy ranks above that rank)."""
         others = (r for queue in (self.kv_holding_waiting, self.waiting) for r in queue
-                  if r is not top and r.status in _READY and self.ranker.is_complete(r))
+                  if r is not top and r.status in _READY and self.ranker.is_complete(r)
+                  and (ranked_above is None or self._rank[r.request_id] < ranked_above))
         return self._pending(top) + sum(self._pending(r) for r in others)
 
     @staticmethod
     def _pending(request) -> int:
         return max(1, request.num_tokens - request.num_computed_tokens)
 
-    def _partial_prefill(self, request) -> bool:
-        """A running request computing a prompt that is still receiving context, with no sampled
-        token in flight (async scheduling): safe to leave out of one step."""
-        return (not self.ranker.is_complete(request) and request.num_output_placeholders == 0
-                and request.num_computed_tokens < request.num_tokens)
+    @staticmethod
+    def _prefilling(request) -> bool:
+        """A running request still computing its prompt (partial or complete), with no sampled token
+        in flight (async scheduling): safe to leave out of one step."""
+        return request.num_output_placeholders == 0 and request.num_computed_tokens < request.num_tokens
 
     def _blocks_short(self, top) -> bool:
         """Whether the device pool cannot hold `top`'s uncomputed tokens now."""
