@@ -80,6 +80,7 @@ def record(out: Path, interval: float, threads_of: tuple[str, ...] = ()) -> None
         stop = True
 
     signal.signal(signal.SIGTERM, _stop)
+    signal.signal(signal.SIGINT, _stop)
     seen: set[int] = set()
     traced: dict[int, bool] = {}   # pid -> whether its threads are sampled too
     seen_threads: set[str] = set()
@@ -116,10 +117,7 @@ def record(out: Path, interval: float, threads_of: tuple[str, ...] = ()) -> None
                 line["thread_labels"] = thread_labels
             fh.write(json.dumps(line) + "\n")
             fh.flush()
-            try:
-                time.sleep(max(0.0, interval - (time.time() - t)))
-            except KeyboardInterrupt:
-                break
+            time.sleep(max(0.0, interval - (time.time() - t)))
 
 
 def _load(path: Path) -> list[dict]:
