@@ -219,9 +219,10 @@ class PolicySchedulingMixin:
 
     @staticmethod
     def _prefilling(request) -> bool:
-        """A running request still computing its prompt (partial or complete), with no sampled token
-        in flight (async scheduling): safe to leave out of one step."""
-        return request.num_output_placeholders == 0 and request.num_computed_tokens < request.num_tokens
+        """A running request still computing its prompt (partial or complete; not decoding: vLLM resets
+        `num_prompt_tokens` with each streaming turn), with no sampled token in flight (async
+        scheduling): safe to leave out of one step."""
+        return request.num_output_placeholders == 0 and request.num_computed_tokens < request.num_prompt_tokens
 
     def _blocks_short(self, top) -> bool:
         """Whether the device pool cannot hold `top`'s uncomputed tokens now."""
