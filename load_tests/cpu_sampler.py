@@ -151,9 +151,9 @@ def _bracket(samples: list[dict], start: float, end: float) -> tuple[dict | None
     return before, after
 
 
-def cpu_in(samples: list[dict], start: float, end: float, field: str = "cpu") -> dict[int, float]:
-    """CPU seconds (or with field="majflt", major faults) per process between the samples that
-    bracket [start, end]."""
+def cpu_in(samples: list[dict], start: float, end: float, field: str = "cpu") -> dict[int | str, float]:
+    """CPU seconds per process (field="majflt": major faults; field="threads": CPU seconds per
+    "pid/tid" key) between the samples that bracket [start, end]."""
     before, after = _bracket(samples, start, end)
     if before is None or after is None:
         return {}
@@ -178,6 +178,8 @@ def _whole(samples: list[dict], field: str) -> dict[int, float]:
 
 def report(samples_path: Path, step_log: Path, slow: float, budget: int, top: int) -> None:
     samples = _load(samples_path)
+    if not samples:
+        raise SystemExit(f"error: {samples_path}: no samples (was the recording stopped at once?)")
     labels = {int(pid): label for s in samples for pid, label in s.get("labels", {}).items()}
     thread_labels = {key: label for s in samples for key, label in s.get("thread_labels", {}).items()}
     found, normal = slow_steps(_load(step_log), slow, budget)
@@ -212,11 +214,11 @@ def report(samples_path: Path, step_log: Path, slow: float, budget: int, top: in
             print("    by thread (pid/tid name CPU-s): "
                   + ", ".join(f"{key} {thread_labels.get(key, '?')} {sec:.2f}" for key, sec in threads))
         print(f"    (sample bracket {before['t'] - t0:.2f}-{after['t'] - t0:.2f} s)")
-    if samples:  # the contrast: the whole recording
-        print(f"  whole recording ({samples[-1]['t'] - t0:.0f} s):")
-        show(_whole(samples, "cpu"), _whole(samples, "majflt"), samples[-1]["t"] - t0,
-             samples[-1].get("machine_majflt", 0) - samples[0].get("machine_majflt", 0),
-             samples[-1].get("machine_steal_s", 0) - samples[0].get("machine_steal_s", 0))
+    # the contrast: the whole recording
+    print(f"  whole recording ({samples[-1]['t'] - t0:.0f} s):")
+    show(_whole(samples, "cpu"), _whole(samples, "majflt"), samples[-1]["t"] - t0,
+         samples[-1].get("machine_majflt", 0) - samples[0].get("machine_majflt", 0),
+         samples[-1].get("machine_steal_s", 0) - samples[0].get("machine_steal_s", 0))
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -81,3 +81,12 @@ def test_a_compressed_recording_reads_like_the_plain_one(tmp_path):
     (tmp_path / "a.jsonl").write_text(text)
     (tmp_path / "a.jsonl.gz").write_bytes(gzip.compress(text.encode()))
     assert _load(tmp_path / "a.jsonl") == _load(tmp_path / "a.jsonl.gz") == lines
+
+
+def test_an_empty_recording_is_refused_by_name(tmp_path):
+    (tmp_path / "cpu.jsonl").write_text("")
+    (tmp_path / "steps.jsonl").write_text("")
+    result = subprocess.run([sys.executable, "-m", "load_tests.cpu_sampler", "report", str(tmp_path / "cpu.jsonl"),
+                             str(tmp_path / "steps.jsonl")], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 1
+    assert "no samples" in result.stderr and "Traceback" not in result.stderr
