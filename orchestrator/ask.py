@@ -43,6 +43,10 @@ DEFAULT_MAX_TOKENS = 128
 MAX_QUESTION_CHARS = 2000
 # An inference call that ends with one of these before the first token moves to another replica, once.
 RETRYABLE_CODES = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN})
+# A retriever answering one of these refused the question itself (an unknown or malformed collection, a
+# collection that cannot be searched): the Ask fails with the same status instead of answering without context.
+CALLER_ERRORS = frozenset({grpc.StatusCode.NOT_FOUND, grpc.StatusCode.INVALID_ARGUMENT,
+                           grpc.StatusCode.FAILED_PRECONDITION})
 
 
 class BadAsk(ValueError):
@@ -60,6 +64,7 @@ class AskSettings:
     deadline_s: float
     sampling: common_pb2.SamplingParams
     retriever_options: dict[str, str]
+    collection: str = ""              # the ANNS collection ("" = the retriever's default)
 
 
 def validate_ask(request: orchestrator_pb2.AskRequest, available: set[str]) -> AskSettings:
@@ -90,8 +95,10 @@ def validate_ask(request: orchestrator_pb2.AskRequest, available: set[str]) -> A
     request_id = request.request_id or uuid.uuid4().hex
     if len(request_id) > 128 or not request_id.isprintable():
         raise BadAsk("request_id must be printable and at most 128 characters")
+    if request.collection and "anns" not in retrievers:
+        raise BadAsk(f"collection {request.collection!r} applies to the anns retriever; ask with it (or both)")
     return AskSettings(request_id, question, choice, retrievers, not request.no_stream, top_k, deadline_ms / 1000,
-                       sampling, dict(request.retriever_options))
+                       sampling, dict(request.retriever_options), request.collection)
 
 
 @dataclass
@@ -227,7 +234,8 @@ class AskPipeline:
     async def _retrieve(self, name: str, retrieval: asyncio.Queue) -> None:
         request = retriever_pb2.RetrieveRequest(query=self.s.question, top_k=self.s.top_k,
                                                 deadline_ms=int(self.s.deadline_s * 1000),
-                                                options=self.s.retriever_options, request_id=self.s.request_id)
+                                                options=self.s.retriever_options, request_id=self.s.request_id,
+                                                collection=self.s.collection if name == "anns" else "")
         try:
             async for response in self.retriever_stubs[name].Retrieve(request, timeout=self.s.deadline_s + 5):
                 await retrieval.put((name, response.chunk))
@@ -235,13 +243,21 @@ class AskPipeline:
                     break
         except asyncio.CancelledError:
             raise
-        except Exception as exc:   # go on with what arrived; the error is recorded
-            detail = exc.details() if isinstance(exc, grpc.RpcError) else str(exc)
-            log.warning("%s: retriever %s failed: %s", self.s.request_id, name, detail)
-            await self.store.event(self.s.request_id, "ERROR", source=name, detail=detail)
-            await self.out.put(_lifecycle(common_pb2.LIFECYCLE_EVENT_KIND_ERROR, f"retriever {name}: {detail}"))
+        except grpc.RpcError as exc:
+            if exc.code() in CALLER_ERRORS:   # the question named a bad collection: no answer without it
+                await self.out.put(AskFailed(exc.code(), f"retriever {name}: {exc.details()}"))
+                return
+            await self._retrieval_failed(name, exc.details())
+        except Exception as exc:
+            await self._retrieval_failed(name, str(exc))
         finally:
             await retrieval.put((name, None))   # this retriever is done
+
+    async def _retrieval_failed(self, name: str, detail: str) -> None:
+        """Go on with what arrived; the error is recorded and reported to the caller."""
+        log.warning("%s: retriever %s failed: %s", self.s.request_id, name, detail)
+        await self.store.event(self.s.request_id, "ERROR", source=name, detail=detail)
+        await self.out.put(_lifecycle(common_pb2.LIFECYCLE_EVENT_KIND_ERROR, f"retriever {name}: {detail}"))
 
     async def _retrieved(self, retrieval: asyncio.Queue):
         """Yield (source, chunk) until every retriever is done or the deadline passes."""

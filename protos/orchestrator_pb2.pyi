@@ -42,7 +42,7 @@ REQUEST_STATE_FAILED: RequestState
 REQUEST_STATE_CANCELLED: RequestState
 
 class AskRequest(_message.Message):
-    __slots__ = ("question", "retriever", "no_stream", "max_tokens", "sampling", "policy_hint", "top_k", "retrieval_deadline_ms", "request_id", "retriever_options")
+    __slots__ = ("question", "retriever", "no_stream", "max_tokens", "sampling", "policy_hint", "top_k", "retrieval_deadline_ms", "request_id", "retriever_options", "collection")
     class RetrieverOptionsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -60,6 +60,7 @@ class AskRequest(_message.Message):
     RETRIEVAL_DEADLINE_MS_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     RETRIEVER_OPTIONS_FIELD_NUMBER: _ClassVar[int]
+    COLLECTION_FIELD_NUMBER: _ClassVar[int]
     question: str
     retriever: RetrieverChoice
     no_stream: bool
@@ -70,7 +71,8 @@ class AskRequest(_message.Message):
     retrieval_deadline_ms: int
     request_id: str
     retriever_options: _containers.ScalarMap[str, str]
-    def __init__(self, question: _Optional[str] = ..., retriever: _Optional[_Union[RetrieverChoice, str]] = ..., no_stream: _Optional[bool] = ..., max_tokens: _Optional[int] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., policy_hint: _Optional[str] = ..., top_k: _Optional[int] = ..., retrieval_deadline_ms: _Optional[int] = ..., request_id: _Optional[str] = ..., retriever_options: _Optional[_Mapping[str, str]] = ...) -> None: ...
+    collection: str
+    def __init__(self, question: _Optional[str] = ..., retriever: _Optional[_Union[RetrieverChoice, str]] = ..., no_stream: _Optional[bool] = ..., max_tokens: _Optional[int] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., policy_hint: _Optional[str] = ..., top_k: _Optional[int] = ..., retrieval_deadline_ms: _Optional[int] = ..., request_id: _Optional[str] = ..., retriever_options: _Optional[_Mapping[str, str]] = ..., collection: _Optional[str] = ...) -> None: ...
 
 class AskResponse(_message.Message):
     __slots__ = ("event",)

@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from protos import common_pb2 as protos_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16protos/retriever.proto\x12\x0cstreamrag.v1\x1a\x13protos/common.proto\"\xc5\x01\n\x0fRetrieveRequest\x12\r\n\x05query\x18\x01 \x01(\t\x12\r\n\x05top_k\x18\x02 \x01(\x05\x12\x13\n\x0b\x64\x65\x61\x64line_ms\x18\x03 \x01(\x03\x12;\n\x07options\x18\x04 \x03(\x0b\x32*.streamrag.v1.RetrieveRequest.OptionsEntry\x12\x12\n\nrequest_id\x18\x05 \x01(\t\x1a.\n\x0cOptionsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"=\n\x10RetrieveResponse\x12)\n\x05\x63hunk\x18\x01 \x01(\x0b\x32\x1a.streamrag.v1.ContextChunk\"\xbd\x01\n\x0c\x43ontextChunk\x12\x0b\n\x03seq\x18\x01 \x01(\x05\x12%\n\x04mode\x18\x02 \x01(\x0e\x32\x17.streamrag.v1.ChunkMode\x12)\n\tdocuments\x18\x03 \x03(\x0b\x32\x16.streamrag.v1.Document\x12\r\n\x05\x66inal\x18\x04 \x01(\x08\x12\x17\n\x0f\x65mitted_unix_ms\x18\x05 \x01(\x03\x12&\n\x05stage\x18\x06 \x01(\x0b\x32\x17.streamrag.v1.StageInfo\"^\n\tStageInfo\x12\r\n\x05index\x18\x01 \x01(\x05\x12\x18\n\x10search_list_size\x18\x02 \x01(\x05\x12\x18\n\x0brecall_at_k\x18\x03 \x01(\x01H\x00\x88\x01\x01\x42\x0e\n\x0c_recall_at_k\"\x1a\n\x18RetrieverDescribeRequest\"P\n\x19RetrieverDescribeResponse\x12\x33\n\x0eretriever_info\x18\x01 \x01(\x0b\x32\x1b.streamrag.v1.RetrieverInfo\"\xc6\x01\n\rRetrieverInfo\x12)\n\x04kind\x18\x01 \x01(\x0e\x32\x1b.streamrag.v1.RetrieverKind\x12\x0e\n\x06\x63orpus\x18\x02 \x01(\t\x12\x15\n\rnum_documents\x18\x03 \x01(\x03\x12\x35\n\x05\x66\x61\x63ts\x18\x04 \x03(\x0b\x32&.streamrag.v1.RetrieverInfo.FactsEntry\x1a,\n\nFactsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01*U\n\tChunkMode\x12\x1a\n\x16\x43HUNK_MODE_UNSPECIFIED\x10\x00\x12\x15\n\x11\x43HUNK_MODE_APPEND\x10\x01\x12\x15\n\x11\x43HUNK_MODE_UPDATE\x10\x02*\x7f\n\rRetrieverKind\x12\x1e\n\x1aRETRIEVER_KIND_UNSPECIFIED\x10\x00\x12\x17\n\x13RETRIEVER_KIND_ANNS\x10\x01\x12\x1a\n\x16RETRIEVER_KIND_CRAWLER\x10\x02\x12\x19\n\x15RETRIEVER_KIND_REPLAY\x10\x03\x32\xb5\x01\n\tRetriever\x12K\n\x08Retrieve\x12\x1d.streamrag.v1.RetrieveRequest\x1a\x1e.streamrag.v1.RetrieveResponse0\x01\x12[\n\x08\x44\x65scribe\x12&.streamrag.v1.RetrieverDescribeRequest\x1a\'.streamrag.v1.RetrieverDescribeResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16protos/retriever.proto\x12\x0cstreamrag.v1\x1a\x13protos/common.proto\"\xd9\x01\n\x0fRetrieveRequest\x12\r\n\x05query\x18\x01 \x01(\t\x12\r\n\x05top_k\x18\x02 \x01(\x05\x12\x13\n\x0b\x64\x65\x61\x64line_ms\x18\x03 \x01(\x03\x12;\n\x07options\x18\x04 \x03(\x0b\x32*.streamrag.v1.RetrieveRequest.OptionsEntry\x12\x12\n\nrequest_id\x18\x05 \x01(\t\x12\x12\n\ncollection\x18\x06 \x01(\t\x1a.\n\x0cOptionsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"=\n\x10RetrieveResponse\x12)\n\x05\x63hunk\x18\x01 \x01(\x0b\x32\x1a.streamrag.v1.ContextChunk\"\xbd\x01\n\x0c\x43ontextChunk\x12\x0b\n\x03seq\x18\x01 \x01(\x05\x12%\n\x04mode\x18\x02 \x01(\x0e\x32\x17.streamrag.v1.ChunkMode\x12)\n\tdocuments\x18\x03 \x03(\x0b\x32\x16.streamrag.v1.Document\x12\r\n\x05\x66inal\x18\x04 \x01(\x08\x12\x17\n\x0f\x65mitted_unix_ms\x18\x05 \x01(\x03\x12&\n\x05stage\x18\x06 \x01(\x0b\x32\x17.streamrag.v1.StageInfo\"^\n\tStageInfo\x12\r\n\x05index\x18\x01 \x01(\x05\x12\x18\n\x10search_list_size\x18\x02 \x01(\x05\x12\x18\n\x0brecall_at_k\x18\x03 \x01(\x01H\x00\x88\x01\x01\x42\x0e\n\x0c_recall_at_k\"\x1a\n\x18RetrieverDescribeRequest\"P\n\x19RetrieverDescribeResponse\x12\x33\n\x0eretriever_info\x18\x01 \x01(\x0b\x32\x1b.streamrag.v1.RetrieverInfo\"\xc6\x01\n\rRetrieverInfo\x12)\n\x04kind\x18\x01 \x01(\x0e\x32\x1b.streamrag.v1.RetrieverKind\x12\x0e\n\x06\x63orpus\x18\x02 \x01(\t\x12\x15\n\rnum_documents\x18\x03 \x01(\x03\x12\x35\n\x05\x66\x61\x63ts\x18\x04 \x03(\x0b\x32&.streamrag.v1.RetrieverInfo.FactsEntry\x1a,\n\nFactsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\x18\n\x16ListCollectionsRequest\"L\n\x17ListCollectionsResponse\x12\x31\n\x0b\x63ollections\x18\x01 \x03(\x0b\x32\x1c.streamrag.v1.CollectionInfo\"\xd1\x01\n\x0e\x43ollectionInfo\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05\x66iles\x18\x02 \x01(\x03\x12\x10\n\x08passages\x18\x03 \x01(\x03\x12\x15\n\rdisk_passages\x18\x04 \x01(\x03\x12\x17\n\x0fmemory_passages\x18\x05 \x01(\x03\x12\x18\n\x10\x64\x65leted_passages\x18\x06 \x01(\x03\x12\x11\n\tread_only\x18\x07 \x01(\x08\x12\r\n\x05state\x18\x08 \x01(\t\x12\x10\n\x08progress\x18\t \x01(\t\x12\x12\n\nis_default\x18\n \x01(\x08\"\'\n\x17\x43reateCollectionRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\"L\n\x18\x43reateCollectionResponse\x12\x30\n\ncollection\x18\x01 \x01(\x0b\x32\x1c.streamrag.v1.CollectionInfo\"%\n\x15\x44ropCollectionRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\"G\n\x16\x44ropCollectionResponse\x12-\n\x07\x64ropped\x18\x01 \x01(\x0b\x32\x1c.streamrag.v1.CollectionInfo\"D\n\x0f\x41\x64\x64\x46ilesRequest\x12\x12\n\ncollection\x18\x01 \x01(\t\x12\x0c\n\x04path\x18\x02 \x01(\t\x12\x0f\n\x07\x63ontent\x18\x03 \x01(\x0c\"\x81\x01\n\x10\x41\x64\x64\x46ilesResponse\x12\x0c\n\x04path\x18\x01 \x01(\t\x12+\n\x06status\x18\x02 \x01(\x0e\x32\x1b.streamrag.v1.AddFileStatus\x12\x10\n\x08passages\x18\x03 \x01(\x05\x12\x0f\n\x07message\x18\x04 \x01(\t\x12\x0f\n\x07seconds\x18\x05 \x01(\x01\"7\n\x12RemoveFilesRequest\x12\x12\n\ncollection\x18\x01 \x01(\t\x12\r\n\x05paths\x18\x02 \x03(\t\"8\n\x13RemoveFilesResponse\x12\x0f\n\x07removed\x18\x01 \x03(\t\x12\x10\n\x08passages\x18\x02 \x01(\x03\"&\n\x16MergeCollectionRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\"K\n\x17MergeCollectionResponse\x12\x30\n\ncollection\x18\x01 \x01(\x0b\x32\x1c.streamrag.v1.CollectionInfo*U\n\tChunkMode\x12\x1a\n\x16\x43HUNK_MODE_UNSPECIFIED\x10\x00\x12\x15\n\x11\x43HUNK_MODE_APPEND\x10\x01\x12\x15\n\x11\x43HUNK_MODE_UPDATE\x10\x02*\x7f\n\rRetrieverKind\x12\x1e\n\x1aRETRIEVER_KIND_UNSPECIFIED\x10\x00\x12\x17\n\x13RETRIEVER_KIND_ANNS\x10\x01\x12\x1a\n\x16RETRIEVER_KIND_CRAWLER\x10\x02\x12\x19\n\x15RETRIEVER_KIND_REPLAY\x10\x03*\xa4\x01\n\rAddFileStatus\x12\x1f\n\x1b\x41\x44\x44_FILE_STATUS_UNSPECIFIED\x10\x00\x12\x19\n\x15\x41\x44\x44_FILE_STATUS_ADDED\x10\x01\x12\x1c\n\x18\x41\x44\x44_FILE_STATUS_REPLACED\x10\x02\x12\x1d\n\x19\x41\x44\x44_FILE_STATUS_UNCHANGED\x10\x03\x12\x1a\n\x16\x41\x44\x44_FILE_STATUS_FAILED\x10\x04\x32\xb5\x01\n\tRetriever\x12K\n\x08Retrieve\x12\x1d.streamrag.v1.RetrieveRequest\x1a\x1e.streamrag.v1.RetrieveResponse0\x01\x12[\n\x08\x44\x65scribe\x12&.streamrag.v1.RetrieverDescribeRequest\x1a\'.streamrag.v1.RetrieverDescribeResponse2\xb0\x04\n\x0b\x43ollections\x12^\n\x0fListCollections\x12$.streamrag.v1.ListCollectionsRequest\x1a%.streamrag.v1.ListCollectionsResponse\x12\x61\n\x10\x43reateCollection\x12%.streamrag.v1.CreateCollectionRequest\x1a&.streamrag.v1.CreateCollectionResponse\x12[\n\x0e\x44ropCollection\x12#.streamrag.v1.DropCollectionRequest\x1a$.streamrag.v1.DropCollectionResponse\x12M\n\x08\x41\x64\x64\x46iles\x12\x1d.streamrag.v1.AddFilesRequest\x1a\x1e.streamrag.v1.AddFilesResponse(\x01\x30\x01\x12R\n\x0bRemoveFiles\x12 .streamrag.v1.RemoveFilesRequest\x1a!.streamrag.v1.RemoveFilesResponse\x12^\n\x0fMergeCollection\x12$.streamrag.v1.MergeCollectionRequest\x1a%.streamrag.v1.MergeCollectionResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -36,28 +36,58 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_RETRIEVEREQUEST_OPTIONSENTRY']._serialized_options = b'8\001'
   _globals['_RETRIEVERINFO_FACTSENTRY']._loaded_options = None
   _globals['_RETRIEVERINFO_FACTSENTRY']._serialized_options = b'8\001'
-  _globals['_CHUNKMODE']._serialized_start=923
-  _globals['_CHUNKMODE']._serialized_end=1008
-  _globals['_RETRIEVERKIND']._serialized_start=1010
-  _globals['_RETRIEVERKIND']._serialized_end=1137
+  _globals['_CHUNKMODE']._serialized_start=1924
+  _globals['_CHUNKMODE']._serialized_end=2009
+  _globals['_RETRIEVERKIND']._serialized_start=2011
+  _globals['_RETRIEVERKIND']._serialized_end=2138
+  _globals['_ADDFILESTATUS']._serialized_start=2141
+  _globals['_ADDFILESTATUS']._serialized_end=2305
   _globals['_RETRIEVEREQUEST']._serialized_start=62
-  _globals['_RETRIEVEREQUEST']._serialized_end=259
-  _globals['_RETRIEVEREQUEST_OPTIONSENTRY']._serialized_start=213
-  _globals['_RETRIEVEREQUEST_OPTIONSENTRY']._serialized_end=259
-  _globals['_RETRIEVERESPONSE']._serialized_start=261
-  _globals['_RETRIEVERESPONSE']._serialized_end=322
-  _globals['_CONTEXTCHUNK']._serialized_start=325
-  _globals['_CONTEXTCHUNK']._serialized_end=514
-  _globals['_STAGEINFO']._serialized_start=516
-  _globals['_STAGEINFO']._serialized_end=610
-  _globals['_RETRIEVERDESCRIBEREQUEST']._serialized_start=612
-  _globals['_RETRIEVERDESCRIBEREQUEST']._serialized_end=638
-  _globals['_RETRIEVERDESCRIBERESPONSE']._serialized_start=640
-  _globals['_RETRIEVERDESCRIBERESPONSE']._serialized_end=720
-  _globals['_RETRIEVERINFO']._serialized_start=723
-  _globals['_RETRIEVERINFO']._serialized_end=921
-  _globals['_RETRIEVERINFO_FACTSENTRY']._serialized_start=877
-  _globals['_RETRIEVERINFO_FACTSENTRY']._serialized_end=921
-  _globals['_RETRIEVER']._serialized_start=1140
-  _globals['_RETRIEVER']._serialized_end=1321
+  _globals['_RETRIEVEREQUEST']._serialized_end=279
+  _globals['_RETRIEVEREQUEST_OPTIONSENTRY']._serialized_start=233
+  _globals['_RETRIEVEREQUEST_OPTIONSENTRY']._serialized_end=279
+  _globals['_RETRIEVERESPONSE']._serialized_start=281
+  _globals['_RETRIEVERESPONSE']._serialized_end=342
+  _globals['_CONTEXTCHUNK']._serialized_start=345
+  _globals['_CONTEXTCHUNK']._serialized_end=534
+  _globals['_STAGEINFO']._serialized_start=536
+  _globals['_STAGEINFO']._serialized_end=630
+  _globals['_RETRIEVERDESCRIBEREQUEST']._serialized_start=632
+  _globals['_RETRIEVERDESCRIBEREQUEST']._serialized_end=658
+  _globals['_RETRIEVERDESCRIBERESPONSE']._serialized_start=660
+  _globals['_RETRIEVERDESCRIBERESPONSE']._serialized_end=740
+  _globals['_RETRIEVERINFO']._serialized_start=743
+  _globals['_RETRIEVERINFO']._serialized_end=941
+  _globals['_RETRIEVERINFO_FACTSENTRY']._serialized_start=897
+  _globals['_RETRIEVERINFO_FACTSENTRY']._serialized_end=941
+  _globals['_LISTCOLLECTIONSREQUEST']._serialized_start=943
+  _globals['_LISTCOLLECTIONSREQUEST']._serialized_end=967
+  _globals['_LISTCOLLECTIONSRESPONSE']._serialized_start=969
+  _globals['_LISTCOLLECTIONSRESPONSE']._serialized_end=1045
+  _globals['_COLLECTIONINFO']._serialized_start=1048
+  _globals['_COLLECTIONINFO']._serialized_end=1257
+  _globals['_CREATECOLLECTIONREQUEST']._serialized_start=1259
+  _globals['_CREATECOLLECTIONREQUEST']._serialized_end=1298
+  _globals['_CREATECOLLECTIONRESPONSE']._serialized_start=1300
+  _globals['_CREATECOLLECTIONRESPONSE']._serialized_end=1376
+  _globals['_DROPCOLLECTIONREQUEST']._serialized_start=1378
+  _globals['_DROPCOLLECTIONREQUEST']._serialized_end=1415
+  _globals['_DROPCOLLECTIONRESPONSE']._serialized_start=1417
+  _globals['_DROPCOLLECTIONRESPONSE']._serialized_end=1488
+  _globals['_ADDFILESREQUEST']._serialized_start=1490
+  _globals['_ADDFILESREQUEST']._serialized_end=1558
+  _globals['_ADDFILESRESPONSE']._serialized_start=1561
+  _globals['_ADDFILESRESPONSE']._serialized_end=1690
+  _globals['_REMOVEFILESREQUEST']._serialized_start=1692
+  _globals['_REMOVEFILESREQUEST']._serialized_end=1747
+  _globals['_REMOVEFILESRESPONSE']._serialized_start=1749
+  _globals['_REMOVEFILESRESPONSE']._serialized_end=1805
+  _globals['_MERGECOLLECTIONREQUEST']._serialized_start=1807
+  _globals['_MERGECOLLECTIONREQUEST']._serialized_end=1845
+  _globals['_MERGECOLLECTIONRESPONSE']._serialized_start=1847
+  _globals['_MERGECOLLECTIONRESPONSE']._serialized_end=1922
+  _globals['_RETRIEVER']._serialized_start=2308
+  _globals['_RETRIEVER']._serialized_end=2489
+  _globals['_COLLECTIONS']._serialized_start=2492
+  _globals['_COLLECTIONS']._serialized_end=3052
 # @@protoc_insertion_point(module_scope)

@@ -20,6 +20,14 @@ class RetrieverKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     RETRIEVER_KIND_ANNS: _ClassVar[RetrieverKind]
     RETRIEVER_KIND_CRAWLER: _ClassVar[RetrieverKind]
     RETRIEVER_KIND_REPLAY: _ClassVar[RetrieverKind]
+
+class AddFileStatus(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    ADD_FILE_STATUS_UNSPECIFIED: _ClassVar[AddFileStatus]
+    ADD_FILE_STATUS_ADDED: _ClassVar[AddFileStatus]
+    ADD_FILE_STATUS_REPLACED: _ClassVar[AddFileStatus]
+    ADD_FILE_STATUS_UNCHANGED: _ClassVar[AddFileStatus]
+    ADD_FILE_STATUS_FAILED: _ClassVar[AddFileStatus]
 CHUNK_MODE_UNSPECIFIED: ChunkMode
 CHUNK_MODE_APPEND: ChunkMode
 CHUNK_MODE_UPDATE: ChunkMode
@@ -27,9 +35,14 @@ RETRIEVER_KIND_UNSPECIFIED: RetrieverKind
 RETRIEVER_KIND_ANNS: RetrieverKind
 RETRIEVER_KIND_CRAWLER: RetrieverKind
 RETRIEVER_KIND_REPLAY: RetrieverKind
+ADD_FILE_STATUS_UNSPECIFIED: AddFileStatus
+ADD_FILE_STATUS_ADDED: AddFileStatus
+ADD_FILE_STATUS_REPLACED: AddFileStatus
+ADD_FILE_STATUS_UNCHANGED: AddFileStatus
+ADD_FILE_STATUS_FAILED: AddFileStatus
 
 class RetrieveRequest(_message.Message):
-    __slots__ = ("query", "top_k", "deadline_ms", "options", "request_id")
+    __slots__ = ("query", "top_k", "deadline_ms", "options", "request_id", "collection")
     class OptionsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -42,12 +55,14 @@ class RetrieveRequest(_message.Message):
     DEADLINE_MS_FIELD_NUMBER: _ClassVar[int]
     OPTIONS_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    COLLECTION_FIELD_NUMBER: _ClassVar[int]
     query: str
     top_k: int
     deadline_ms: int
     options: _containers.ScalarMap[str, str]
     request_id: str
-    def __init__(self, query: _Optional[str] = ..., top_k: _Optional[int] = ..., deadline_ms: _Optional[int] = ..., options: _Optional[_Mapping[str, str]] = ..., request_id: _Optional[str] = ...) -> None: ...
+    collection: str
+    def __init__(self, query: _Optional[str] = ..., top_k: _Optional[int] = ..., deadline_ms: _Optional[int] = ..., options: _Optional[_Mapping[str, str]] = ..., request_id: _Optional[str] = ..., collection: _Optional[str] = ...) -> None: ...
 
 class RetrieveResponse(_message.Message):
     __slots__ = ("chunk",)
@@ -109,3 +124,113 @@ class RetrieverInfo(_message.Message):
     num_documents: int
     facts: _containers.ScalarMap[str, str]
     def __init__(self, kind: _Optional[_Union[RetrieverKind, str]] = ..., corpus: _Optional[str] = ..., num_documents: _Optional[int] = ..., facts: _Optional[_Mapping[str, str]] = ...) -> None: ...
+
+class ListCollectionsRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ListCollectionsResponse(_message.Message):
+    __slots__ = ("collections",)
+    COLLECTIONS_FIELD_NUMBER: _ClassVar[int]
+    collections: _containers.RepeatedCompositeFieldContainer[CollectionInfo]
+    def __init__(self, collections: _Optional[_Iterable[_Union[CollectionInfo, _Mapping]]] = ...) -> None: ...
+
+class CollectionInfo(_message.Message):
+    __slots__ = ("name", "files", "passages", "disk_passages", "memory_passages", "deleted_passages", "read_only", "state", "progress", "is_default")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    FILES_FIELD_NUMBER: _ClassVar[int]
+    PASSAGES_FIELD_NUMBER: _ClassVar[int]
+    DISK_PASSAGES_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_PASSAGES_FIELD_NUMBER: _ClassVar[int]
+    DELETED_PASSAGES_FIELD_NUMBER: _ClassVar[int]
+    READ_ONLY_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    PROGRESS_FIELD_NUMBER: _ClassVar[int]
+    IS_DEFAULT_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    files: int
+    passages: int
+    disk_passages: int
+    memory_passages: int
+    deleted_passages: int
+    read_only: bool
+    state: str
+    progress: str
+    is_default: bool
+    def __init__(self, name: _Optional[str] = ..., files: _Optional[int] = ..., passages: _Optional[int] = ..., disk_passages: _Optional[int] = ..., memory_passages: _Optional[int] = ..., deleted_passages: _Optional[int] = ..., read_only: _Optional[bool] = ..., state: _Optional[str] = ..., progress: _Optional[str] = ..., is_default: _Optional[bool] = ...) -> None: ...
+
+class CreateCollectionRequest(_message.Message):
+    __slots__ = ("name",)
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    def __init__(self, name: _Optional[str] = ...) -> None: ...
+
+class CreateCollectionResponse(_message.Message):
+    __slots__ = ("collection",)
+    COLLECTION_FIELD_NUMBER: _ClassVar[int]
+    collection: CollectionInfo
+    def __init__(self, collection: _Optional[_Union[CollectionInfo, _Mapping]] = ...) -> None: ...
+
+class DropCollectionRequest(_message.Message):
+    __slots__ = ("name",)
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    def __init__(self, name: _Optional[str] = ...) -> None: ...
+
+class DropCollectionResponse(_message.Message):
+    __slots__ = ("dropped",)
+    DROPPED_FIELD_NUMBER: _ClassVar[int]
+    dropped: CollectionInfo
+    def __init__(self, dropped: _Optional[_Union[CollectionInfo, _Mapping]] = ...) -> None: ...
+
+class AddFilesRequest(_message.Message):
+    __slots__ = ("collection", "path", "content")
+    COLLECTION_FIELD_NUMBER: _ClassVar[int]
+    PATH_FIELD_NUMBER: _ClassVar[int]
+    CONTENT_FIELD_NUMBER: _ClassVar[int]
+    collection: str
+    path: str
+    content: bytes
+    def __init__(self, collection: _Optional[str] = ..., path: _Optional[str] = ..., content: _Optional[bytes] = ...) -> None: ...
+
+class AddFilesResponse(_message.Message):
+    __slots__ = ("path", "status", "passages", "message", "seconds")
+    PATH_FIELD_NUMBER: _ClassVar[int]
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    PASSAGES_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    SECONDS_FIELD_NUMBER: _ClassVar[int]
+    path: str
+    status: AddFileStatus
+    passages: int
+    message: str
+    seconds: float
+    def __init__(self, path: _Optional[str] = ..., status: _Optional[_Union[AddFileStatus, str]] = ..., passages: _Optional[int] = ..., message: _Optional[str] = ..., seconds: _Optional[float] = ...) -> None: ...
+
+class RemoveFilesRequest(_message.Message):
+    __slots__ = ("collection", "paths")
+    COLLECTION_FIELD_NUMBER: _ClassVar[int]
+    PATHS_FIELD_NUMBER: _ClassVar[int]
+    collection: str
+    paths: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, collection: _Optional[str] = ..., paths: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class RemoveFilesResponse(_message.Message):
+    __slots__ = ("removed", "passages")
+    REMOVED_FIELD_NUMBER: _ClassVar[int]
+    PASSAGES_FIELD_NUMBER: _ClassVar[int]
+    removed: _containers.RepeatedScalarFieldContainer[str]
+    passages: int
+    def __init__(self, removed: _Optional[_Iterable[str]] = ..., passages: _Optional[int] = ...) -> None: ...
+
+class MergeCollectionRequest(_message.Message):
+    __slots__ = ("name",)
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    def __init__(self, name: _Optional[str] = ...) -> None: ...
+
+class MergeCollectionResponse(_message.Message):
+    __slots__ = ("collection",)
+    COLLECTION_FIELD_NUMBER: _ClassVar[int]
+    collection: CollectionInfo
+    def __init__(self, collection: _Optional[_Union[CollectionInfo, _Mapping]] = ...) -> None: ...

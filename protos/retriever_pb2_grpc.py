@@ -147,3 +147,307 @@ class Retriever:
             timeout,
             metadata,
             _registered_method=True)
+
+
+class CollectionsStub:
+    """A user's own documents, live: named collections of files, added and removed
+    while the retriever serves. Served by the ANNS retriever beside Retriever.
+    """
+
+    def __init__(self, channel):
+        """Constructor.
+
+        Args:
+            channel: A grpc.Channel.
+        """
+        self.ListCollections = channel.unary_unary(
+                '/streamrag.v1.Collections/ListCollections',
+                request_serializer=protos_dot_retriever__pb2.ListCollectionsRequest.SerializeToString,
+                response_deserializer=protos_dot_retriever__pb2.ListCollectionsResponse.FromString,
+                _registered_method=True)
+        self.CreateCollection = channel.unary_unary(
+                '/streamrag.v1.Collections/CreateCollection',
+                request_serializer=protos_dot_retriever__pb2.CreateCollectionRequest.SerializeToString,
+                response_deserializer=protos_dot_retriever__pb2.CreateCollectionResponse.FromString,
+                _registered_method=True)
+        self.DropCollection = channel.unary_unary(
+                '/streamrag.v1.Collections/DropCollection',
+                request_serializer=protos_dot_retriever__pb2.DropCollectionRequest.SerializeToString,
+                response_deserializer=protos_dot_retriever__pb2.DropCollectionResponse.FromString,
+                _registered_method=True)
+        self.AddFiles = channel.stream_stream(
+                '/streamrag.v1.Collections/AddFiles',
+                request_serializer=protos_dot_retriever__pb2.AddFilesRequest.SerializeToString,
+                response_deserializer=protos_dot_retriever__pb2.AddFilesResponse.FromString,
+                _registered_method=True)
+        self.RemoveFiles = channel.unary_unary(
+                '/streamrag.v1.Collections/RemoveFiles',
+                request_serializer=protos_dot_retriever__pb2.RemoveFilesRequest.SerializeToString,
+                response_deserializer=protos_dot_retriever__pb2.RemoveFilesResponse.FromString,
+                _registered_method=True)
+        self.MergeCollection = channel.unary_unary(
+                '/streamrag.v1.Collections/MergeCollection',
+                request_serializer=protos_dot_retriever__pb2.MergeCollectionRequest.SerializeToString,
+                response_deserializer=protos_dot_retriever__pb2.MergeCollectionResponse.FromString,
+                _registered_method=True)
+
+
+class CollectionsServicer:
+    """A user's own documents, live: named collections of files, added and removed
+    while the retriever serves. Served by the ANNS retriever beside Retriever.
+    """
+
+    def ListCollections(self, request, context):
+        """Every collection with its size and state.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def CreateCollection(self, request, context):
+        """Creates an empty collection (ALREADY_EXISTS if it exists).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DropCollection(self, request, context):
+        """Drops a collection and everything in it (NOT_FOUND if unknown;
+        FAILED_PRECONDITION for the bundled default).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def AddFiles(self, request_iterator, context):
+        """Adds files, one message per file, and answers each once it is durable
+        and searchable (or why it was not indexed). A file whose content is
+        unchanged is skipped; a changed file replaces its passages.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def RemoveFiles(self, request, context):
+        """Removes files (or every file under a folder path); once answered, none of
+        their passages is returned by Retrieve.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def MergeCollection(self, request, context):
+        """Merges the in-memory part into a new disk index now (normally done in
+        the background) and answers when the new index serves.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+
+def add_CollectionsServicer_to_server(servicer, server):
+    rpc_method_handlers = {
+            'ListCollections': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListCollections,
+                    request_deserializer=protos_dot_retriever__pb2.ListCollectionsRequest.FromString,
+                    response_serializer=protos_dot_retriever__pb2.ListCollectionsResponse.SerializeToString,
+            ),
+            'CreateCollection': grpc.unary_unary_rpc_method_handler(
+                    servicer.CreateCollection,
+                    request_deserializer=protos_dot_retriever__pb2.CreateCollectionRequest.FromString,
+                    response_serializer=protos_dot_retriever__pb2.CreateCollectionResponse.SerializeToString,
+            ),
+            'DropCollection': grpc.unary_unary_rpc_method_handler(
+                    servicer.DropCollection,
+                    request_deserializer=protos_dot_retriever__pb2.DropCollectionRequest.FromString,
+                    response_serializer=protos_dot_retriever__pb2.DropCollectionResponse.SerializeToString,
+            ),
+            'AddFiles': grpc.stream_stream_rpc_method_handler(
+                    servicer.AddFiles,
+                    request_deserializer=protos_dot_retriever__pb2.AddFilesRequest.FromString,
+                    response_serializer=protos_dot_retriever__pb2.AddFilesResponse.SerializeToString,
+            ),
+            'RemoveFiles': grpc.unary_unary_rpc_method_handler(
+                    servicer.RemoveFiles,
+                    request_deserializer=protos_dot_retriever__pb2.RemoveFilesRequest.FromString,
+                    response_serializer=protos_dot_retriever__pb2.RemoveFilesResponse.SerializeToString,
+            ),
+            'MergeCollection': grpc.unary_unary_rpc_method_handler(
+                    servicer.MergeCollection,
+                    request_deserializer=protos_dot_retriever__pb2.MergeCollectionRequest.FromString,
+                    response_serializer=protos_dot_retriever__pb2.MergeCollectionResponse.SerializeToString,
+            ),
+    }
+    generic_handler = grpc.method_handlers_generic_handler(
+            'streamrag.v1.Collections', rpc_method_handlers)
+    server.add_generic_rpc_handlers((generic_handler,))
+    server.add_registered_method_handlers('streamrag.v1.Collections', rpc_method_handlers)
+
+
+ # This class is part of an EXPERIMENTAL API.
+class Collections:
+    """A user's own documents, live: named collections of files, added and removed
+    while the retriever serves. Served by the ANNS retriever beside Retriever.
+    """
+
+    @staticmethod
+    def ListCollections(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/streamrag.v1.Collections/ListCollections',
+            protos_dot_retriever__pb2.ListCollectionsRequest.SerializeToString,
+            protos_dot_retriever__pb2.ListCollectionsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CreateCollection(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/streamrag.v1.Collections/CreateCollection',
+            protos_dot_retriever__pb2.CreateCollectionRequest.SerializeToString,
+            protos_dot_retriever__pb2.CreateCollectionResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DropCollection(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/streamrag.v1.Collections/DropCollection',
+            protos_dot_retriever__pb2.DropCollectionRequest.SerializeToString,
+            protos_dot_retriever__pb2.DropCollectionResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def AddFiles(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/streamrag.v1.Collections/AddFiles',
+            protos_dot_retriever__pb2.AddFilesRequest.SerializeToString,
+            protos_dot_retriever__pb2.AddFilesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RemoveFiles(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/streamrag.v1.Collections/RemoveFiles',
+            protos_dot_retriever__pb2.RemoveFilesRequest.SerializeToString,
+            protos_dot_retriever__pb2.RemoveFilesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def MergeCollection(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/streamrag.v1.Collections/MergeCollection',
+            protos_dot_retriever__pb2.MergeCollectionRequest.SerializeToString,
+            protos_dot_retriever__pb2.MergeCollectionResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)

@@ -8,7 +8,9 @@ whenever the list changes; the last stage, at the full L, always goes out and is
 Each search runs in a worker thread, so a cancelled call stops between stages. With the
 option measure_recall=true, each chunk's stage also carries recall@k against brute force.
 
-`AnnsIndex.stages` is the synchronous core shared by the service and `bench retrieval`.
+`AnnsIndex.stages` is the synchronous core shared by the service and `bench retrieval`. The
+retriever serves several collections (`retriever_svc.collections`): the bundled index as the
+default, and the user's live ones, searched the same way.
 """
 
 from __future__ import annotations
@@ -16,18 +18,19 @@ from __future__ import annotations
 import argparse
 import asyncio
 import threading
-import time
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from protos import common_pb2, retriever_pb2
-from retriever_svc.corpus.index import INDEX_PREFIX, STORE, VECTORS, default_index_dir, quiet_diskann, read_manifest
+from retriever_svc.collections.registry import CollectionRegistry, DefaultCollection
+from retriever_svc.corpus.index import STORE, VECTORS, default_index_dir, open_disk_searcher, read_manifest
+from retriever_svc.corpus.passages import Passage
 from retriever_svc.corpus.store import PassageStore
 from retriever_svc.service import InvalidQuery, RetrievalQuery
 from retriever_svc.stability import stability_hints
+from retriever_svc.stages import Stage, exact_top, staged
 
 DEFAULT_SCHEDULE = (16, 64, 256)      # measured: see `streamrag bench retrieval`
 DEFAULT_BEAM_WIDTH = 8
@@ -35,7 +38,7 @@ MAX_L = 4096
 MAX_STAGES = 16
 MAX_BEAM_WIDTH = 64
 NODES_TO_CACHE = 2000       # graph nodes around the medoid kept in memory
-SEARCH_THREADS = 8          # DiskANN scratch spaces: concurrent searches per beam width
+INGEST_BATCH = 16           # passages embedded per turn of the embedding lock while adding files
 OPTIONS = frozenset({"l_schedule", "beam_width", "measure_recall"})
 
 
@@ -62,27 +65,6 @@ def parse_beam_width(text: str | int) -> int:
     return width
 
 
-def effective_schedule(schedule: Sequence[int], k: int) -> list[int]:
-    """Each L raised to at least k; sizes that become equal are searched once."""
-    sizes: list[int] = []
-    for size in schedule:
-        size = max(size, k)
-        if not sizes or size > sizes[-1]:
-            sizes.append(size)
-    return sizes
-
-
-@dataclass(frozen=True)
-class Stage:
-    index: int
-    search_list_size: int
-    rows: list[int]              # merged top-k, best first
-    distances: list[float]       # squared L2 between unit vectors: 2 - 2 cos
-    elapsed_s: float             # from the start of the staged search to this stage's list
-    changed: bool                # the list differs from the previous stage's
-    final: bool
-
-
 class AnnsIndex:
     """An index directory from `streamrag index build`, opened for search."""
 
@@ -103,12 +85,8 @@ class AnnsIndex:
         """One DiskANN `StaticDiskIndex` per beam width (opened on first use)."""
         with self._lock:
             if beam_width not in self._searchers:
-                quiet_diskann()
-                import diskannpy
-
-                self._searchers[beam_width] = diskannpy.StaticDiskIndex(
-                    str(self.directory), num_threads=SEARCH_THREADS, beam_width=beam_width,
-                    num_nodes_to_cache=self._nodes_to_cache, index_prefix=INDEX_PREFIX)
+                self._searchers[beam_width] = open_disk_searcher(self.directory, beam_width, self.size,
+                                                                 self._nodes_to_cache)
             return self._searchers[beam_width]
 
     def search(self, vector: np.ndarray, k: int, search_list_size: int, beam_width: int):
@@ -119,27 +97,14 @@ class AnnsIndex:
 
     def exact(self, vector: np.ndarray, k: int) -> list[int]:
         """Brute-force top-k rows (ground truth for recall)."""
-        k = min(k, self.size)
-        scores = np.asarray(self.vectors @ vector)
-        top = np.argpartition(-scores, k - 1)[:k]
-        return top[np.argsort(-scores[top], kind="stable")].tolist()
+        return exact_top(self.vectors, vector, k)
 
     def stages(self, vector: np.ndarray, k: int, schedule: Sequence[int], beam_width: int) -> Iterator[Stage]:
         """Search at each L of the schedule in turn (one search per `next`), merging as it goes."""
-        k = min(k, self.size)
-        sizes = effective_schedule(schedule, k)
-        best: dict[int, float] = {}
-        previous: list[int] = []
-        started = time.perf_counter()
-        for index, size in enumerate(sizes):
-            rows, distances = self.search(vector, k, size, beam_width)
-            best.update(zip(rows, distances, strict=True))
-            top = sorted(best.items(), key=lambda item: (item[1], item[0]))[:k]
-            best = dict(top)
-            current = [row for row, _ in top]
-            yield Stage(index, size, current, [d for _, d in top], time.perf_counter() - started,
-                        current != previous, index == len(sizes) - 1)
-            previous = current
+        return staged(lambda v, kk, size: self.search(v, kk, size, beam_width), vector, min(k, self.size), schedule)
+
+    def passages(self, rows: Sequence[int]) -> dict[int, Passage]:
+        return dict(zip(rows, self.store.get(rows), strict=True))
 
     def close(self) -> None:
         self.store.close()
@@ -150,22 +115,41 @@ def recall(rows: Sequence[int], exact: Sequence[int]) -> float:
 
 
 class AnnsBackend:
-    """`RetrieverBackend` over an `AnnsIndex`; options: l_schedule, beam_width, measure_recall."""
+    """`RetrieverBackend` over collections (or one `AnnsIndex`); options: l_schedule, beam_width, measure_recall."""
 
     kind = retriever_pb2.RETRIEVER_KIND_ANNS
     options = OPTIONS
+    has_collections = True
 
-    def __init__(self, index: AnnsIndex, schedule: Sequence[int] = DEFAULT_SCHEDULE,
+    def __init__(self, index: AnnsIndex | CollectionRegistry, schedule: Sequence[int] = DEFAULT_SCHEDULE,
                  beam_width: int = DEFAULT_BEAM_WIDTH, embed_query: Callable[[str], np.ndarray] | None = None) -> None:
-        self.index = index
+        if isinstance(index, CollectionRegistry):
+            self.collections = index
+        else:
+            self.collections = CollectionRegistry(None, DefaultCollection(index))
         self.schedule = tuple(schedule)
         self.beam_width = beam_width
         self._embed_query = embed_query or _embed_one
-        self._embed_lock = threading.Lock()      # a fast tokenizer must not be used by two threads at once
+        self.embed_lock = threading.Lock()      # a fast tokenizer must not be used by two threads at once
+
+    @property
+    def index(self) -> AnnsIndex | None:
+        """The default collection's index (None while it builds)."""
+        return self.collections.default.index
 
     def embed(self, text: str) -> np.ndarray:
-        with self._embed_lock:
+        with self.embed_lock:
             return self._embed_query(text)
+
+    def embed_passages(self, passages: list[Passage]) -> np.ndarray:
+        """Passage vectors, a few at a time, so that queries embedded meanwhile wait for one batch at most."""
+        from retriever_svc.corpus.index import embed_passages
+
+        parts = []
+        for start in range(0, len(passages), INGEST_BATCH):
+            with self.embed_lock:
+                parts.append(embed_passages(passages[start:start + INGEST_BATCH], "auto", progress=False))
+        return np.concatenate(parts) if parts else np.zeros((0, 384), dtype=np.float32)
 
     def settings(self, options: Mapping[str, str]) -> tuple[tuple[int, ...], int, bool]:
         """(schedule, beam width, measure recall) for one query; InvalidQuery on bad values."""
@@ -181,31 +165,34 @@ class AnnsBackend:
 
     async def retrieve(self, query: RetrievalQuery) -> AsyncIterator[retriever_pb2.ContextChunk]:
         schedule, width, measure = self.settings(query.options)
+        searchable = self.collections.searchable(query.collection)
         vector = await asyncio.to_thread(self.embed, query.query)
-        exact = await asyncio.to_thread(self.index.exact, vector, query.top_k) if measure else None
-        stages = self.index.stages(vector, query.top_k, schedule, width)
+        exact = await asyncio.to_thread(searchable.exact, vector, query.top_k) if measure else None
+        stages = searchable.stages(vector, query.top_k, schedule, width)
         previous: list[str] | None = None          # the ids of the last chunk sent
         while True:
-            stage, chunk = await asyncio.to_thread(self._advance, stages, exact, previous)
+            stage, chunk = await asyncio.to_thread(self._advance, searchable, stages, exact, previous)
             if stage is None:
                 return
             if chunk is not None:
                 previous = [d.id for d in chunk.documents]
                 yield chunk
 
-    def _advance(self, stages: Iterator[Stage], exact: list[int] | None, previous: list[str] | None):
+    def _advance(self, searchable, stages: Iterator[Stage], exact: list[int] | None, previous: list[str] | None):
         """Run the next stage (in a worker thread); its chunk when the list changed or it is the last."""
         stage = next(stages, None)
         if stage is None or not (stage.changed or stage.final):
             return stage, None
-        return stage, self._chunk(stage, exact, previous)
+        return stage, self._chunk(searchable, stage, exact, previous)
 
-    def _chunk(self, stage: Stage, exact: list[int] | None, previous: list[str] | None) -> retriever_pb2.ContextChunk:
-        passages = self.index.store.get(stage.rows)
-        hints = stability_hints(previous, [p.id for p in passages], stage.final)
+    def _chunk(self, searchable, stage: Stage, exact: list[int] | None,
+               previous: list[str] | None) -> retriever_pb2.ContextChunk:
+        found = searchable.passages(stage.rows)       # a passage removed since the search is left out
+        kept = [(found[row], d) for row, d in zip(stage.rows, stage.distances, strict=True) if row in found]
+        hints = stability_hints(previous, [p.id for p, _ in kept], stage.final)
         documents = [common_pb2.Document(id=p.id, title=p.title, url=p.url, text=p.text, score=1.0 - d / 2,
                                          source="anns", stability=hint)
-                     for p, d, hint in zip(passages, stage.distances, hints, strict=True)]
+                     for (p, d), hint in zip(kept, hints, strict=True)]
         info = retriever_pb2.StageInfo(index=stage.index, search_list_size=stage.search_list_size)
         if exact is not None:
             info.recall_at_k = recall(stage.rows, exact)
@@ -213,22 +200,28 @@ class AnnsBackend:
                                           final=stage.final, stage=info)
 
     def describe(self) -> retriever_pb2.RetrieverInfo:
+        facts = {"search_list_sizes": ",".join(map(str, self.schedule)), "beam_width": str(self.beam_width),
+                 "collections": ",".join(info["name"] for info in self.collections.infos())}
+        if self.index is None:
+            facts["default_state"] = self.collections.default.info()["state"]
+            return retriever_pb2.RetrieverInfo(kind=self.kind, facts=facts)
         manifest = self.index.manifest
         params = manifest.get("params", {})
-        facts = {"embedding_model": manifest.get("embedding_model", ""), "dim": str(manifest.get("dim", "")),
-                 "metric": manifest.get("metric", ""), "graph_degree": str(params.get("graph_degree", "")),
-                 "build_complexity": str(params.get("build_complexity", "")),
-                 "pq_chunks": str(params.get("pq_chunks", "")), "max_passage_tokens": str(params.get("max_tokens", "")),
-                 "search_list_sizes": ",".join(map(str, self.schedule)), "beam_width": str(self.beam_width),
-                 "pages": str(manifest.get("pages", "")), "index_dir": str(self.index.directory)}
+        facts |= {"embedding_model": manifest.get("embedding_model", ""), "dim": str(manifest.get("dim", "")),
+                  "metric": manifest.get("metric", ""), "graph_degree": str(params.get("graph_degree", "")),
+                  "build_complexity": str(params.get("build_complexity", "")),
+                  "pq_chunks": str(params.get("pq_chunks", "")),
+                  "max_passage_tokens": str(params.get("max_tokens", "")),
+                  "pages": str(manifest.get("pages", "")), "index_dir": str(self.index.directory)}
         return retriever_pb2.RetrieverInfo(kind=self.kind, corpus=manifest.get("corpus", ""),
                                            num_documents=self.index.size, facts=facts)
 
     def warm_up(self) -> None:
         """Load the embedder and page the index in, so the first query is not the slow one."""
         vector = self.embed("warm up")
-        for _ in self.index.stages(vector, 1, self.schedule[:1], self.beam_width):
-            pass
+        if self.index is not None:
+            for _ in self.index.stages(vector, 1, self.schedule[:1], self.beam_width):
+                pass
 
 
 def _embed_one(text: str) -> np.ndarray:
@@ -238,13 +231,33 @@ def _embed_one(text: str) -> np.ndarray:
 
 
 def build_backend(args: argparse.Namespace) -> AnnsBackend:
-    """The backend `streamrag serve retriever --kind anns` runs (flags from retriever_svc.server_args)."""
+    """The backend `streamrag serve retriever --kind anns` runs (flags from retriever_svc.server_args).
+
+    With --build-from, a missing default index is built from that HTML tree in the background
+    while the live collections serve; without it, a missing index is an error at start.
+    """
+    from retriever_svc.collections.registry import default_collections_root
+
     directory = args.index or default_index_dir()
     try:
         schedule, width = parse_schedule(str(args.l_schedule)), parse_beam_width(args.beam_width)
-        index = AnnsIndex(directory)
-    except (ValueError, FileNotFoundError) as exc:
+    except ValueError as exc:
         raise SystemExit(f"error: {exc}") from None
-    backend = AnnsBackend(index, schedule, width)
+    default = DefaultCollection()
+    if read_manifest(directory) is not None:
+        default.index = AnnsIndex(directory)
+    elif args.build_from is None:
+        raise SystemExit(f"error: no complete index in {directory}: run `streamrag index build` "
+                         "(or start with --build-from SOURCE to build it in the background)")
+    backend = AnnsBackend(CollectionRegistry(args.collections or default_collections_root(), default), schedule, width)
     backend.warm_up()
+    if default.index is None:
+        default.build_in_background(lambda report: _build_default(args.build_from, directory, report))
     return backend
+
+
+def _build_default(source: Path, directory: Path, report: Callable[[str], None]) -> AnnsIndex:
+    from retriever_svc.corpus.index import build_index
+
+    build_index(source, directory, progress=False, say=report, on_progress=report)
+    return AnnsIndex(directory)

@@ -454,6 +454,7 @@ class CrawlerBackend:
     """`RetrieverBackend` for `--kind crawler`: one APPEND chunk per kept page, then a final chunk."""
 
     kind = retriever_pb2.RETRIEVER_KIND_CRAWLER
+    has_collections = False
     options: frozenset[str] = frozenset()   # start URLs, search and limits are server configuration
 
     def __init__(self, settings: CrawlerSettings) -> None:

@@ -65,6 +65,7 @@ class ReplayBackend:
     """A `RetrieverBackend` over one loaded trace."""
 
     kind = retriever_pb2.RETRIEVER_KIND_REPLAY
+    has_collections = False
     options = frozenset({"query_id"})
 
     def __init__(self, trace: Trace, *, name: str = "trace", time_scale: float = 1.0) -> None:

@@ -52,8 +52,9 @@ def run_bench(index, schedule: Sequence[int], beam_width: int, k: int = 10, quer
     """Measure `index` (an `AnnsIndex`); returns the JSON-ready result."""
     import numpy as np
 
-    from retriever_svc.anns import effective_schedule, recall
+    from retriever_svc.anns import recall
     from retriever_svc.embedding import embed
+    from retriever_svc.stages import effective_schedule
 
     texts = [p.text for p in index.store.all()]
     questions = derive_queries(texts, queries, seed)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import importlib
+from collections.abc import Coroutine
 
 from protos import retriever_pb2, retriever_pb2_grpc
 from retriever_svc.server_args import default_port
@@ -13,6 +14,7 @@ from servicekit.config import DEFAULT_PORTS, ServiceConfig, metrics_port_for, se
 from servicekit.server import ServiceRunner, configure_logging
 
 SERVICE_NAME = retriever_pb2.DESCRIPTOR.services_by_name["Retriever"].full_name
+COLLECTIONS_SERVICE = retriever_pb2.DESCRIPTOR.services_by_name["Collections"].full_name
 # kind -> module exposing `build_backend(args) -> RetrieverBackend`
 BACKENDS = {"anns": "retriever_svc.anns", "crawler": "retriever_svc.crawler", "replay": "retriever_svc.replay"}
 
@@ -32,15 +34,33 @@ def service_config(args: argparse.Namespace) -> ServiceConfig:
     return config
 
 
+def build_runner(config: ServiceConfig, backend: RetrieverBackend,
+                 metrics: RetrieverMetrics | None = None) -> tuple[ServiceRunner, list[Coroutine]]:
+    """The gRPC server of one retriever (Retriever, and Collections where the backend has them) and the
+    background work to run beside it."""
+    metrics = metrics or RetrieverMetrics()
+    servicers = [(retriever_pb2_grpc.add_RetrieverServicer_to_server, RetrieverServicer(backend, metrics))]
+    names = [SERVICE_NAME]
+    background = []
+    if backend.has_collections:
+        from retriever_svc.collections.servicer import CollectionsServicer
+
+        collections = CollectionsServicer(backend)
+        servicers.append((retriever_pb2_grpc.add_CollectionsServicer_to_server, collections))
+        names.append(COLLECTIONS_SERVICE)
+        background.append(collections.merge_in_background())
+    return ServiceRunner(config, servicers, names, registry=metrics.registry), background
+
+
 async def serve(args: argparse.Namespace) -> None:
     configure_logging(args.log_level)
-    metrics = RetrieverMetrics()
-    servicer = RetrieverServicer(build_backend(args), metrics)
-    runner = ServiceRunner(service_config(args), [(retriever_pb2_grpc.add_RetrieverServicer_to_server, servicer)],
-                           [SERVICE_NAME], registry=metrics.registry)
+    runner, background = build_runner(service_config(args), build_backend(args))
     port = await runner.start()
+    tasks = [asyncio.ensure_future(work) for work in background]
     print(f"{args.kind} retriever on {args.host}:{port} (metrics :{runner.metrics_port})", flush=True)
     await runner.wait()
+    for task in tasks:
+        task.cancel()
 
 
 def main(args: argparse.Namespace) -> int:

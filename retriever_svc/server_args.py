@@ -24,6 +24,11 @@ def add_retriever_args(parser: argparse.ArgumentParser) -> None:
     anns = parser.add_argument_group("anns")
     anns.add_argument("--index", type=Path, default=env("index", None),
                       help="index directory from `streamrag index build` (default: the cache's)")
+    anns.add_argument("--collections", type=Path, default=env("collections", None),
+                      help="folder of the live collections (default: <cache>/collections)")
+    anns.add_argument("--build-from", type=Path, default=env("build_from", None),
+                      help="when the default index is missing, build it from this HTML tree in the background "
+                           "while the live collections serve (default: refuse to start)")
     anns.add_argument("--l-schedule", default=env("l_schedule", "16,64,256"),
                       help="growing search list sizes L; the last is the final, full search")
     anns.add_argument("--beam-width", type=int, default=env("beam_width", 8))

@@ -35,11 +35,13 @@ class RetrievalQuery:
     deadline_s: float                      # seconds from the start of the call
     options: Mapping[str, str] = field(default_factory=dict)
     request_id: str = ""
+    collection: str = ""                   # ANNS: the collection to search ("" = the default)
 
 
 class RetrieverBackend(Protocol):
     kind: int                              # retriever_pb2.RETRIEVER_KIND_*
     options: frozenset[str]                # option names this backend understands
+    has_collections: bool                  # whether RetrieveRequest.collection means anything here
 
     def retrieve(self, query: RetrievalQuery) -> AsyncIterator[retriever_pb2.ContextChunk]:
         """Yield chunks (mode, documents, final, stage); `seq` and `emitted_unix_ms` are filled in here."""
@@ -49,11 +51,44 @@ class RetrieverBackend(Protocol):
 
 
 class InvalidQuery(ValueError):
-    pass
+    """Malformed input: INVALID_ARGUMENT."""
 
 
 class RetrieverUnavailable(RuntimeError):
-    """Something the backend depends on (e.g. the crawler's site search) cannot serve this query: UNAVAILABLE."""
+    """Something the backend depends on (e.g. the crawler's site search, an index still building) cannot serve
+    this query now: UNAVAILABLE."""
+
+
+class UnknownCollection(LookupError):
+    """NOT_FOUND."""
+
+
+class CollectionExists(ValueError):
+    """ALREADY_EXISTS."""
+
+
+class CollectionReadOnly(RuntimeError):
+    """The request cannot apply to this collection as it is (the bundled default): FAILED_PRECONDITION."""
+
+
+# The one error -> status map of the retriever service (both servicers use it).
+STATUS_FOR: dict[type[Exception], grpc.StatusCode] = {
+    InvalidQuery: grpc.StatusCode.INVALID_ARGUMENT,
+    UnknownCollection: grpc.StatusCode.NOT_FOUND,
+    CollectionExists: grpc.StatusCode.ALREADY_EXISTS,
+    CollectionReadOnly: grpc.StatusCode.FAILED_PRECONDITION,
+    RetrieverUnavailable: grpc.StatusCode.UNAVAILABLE,
+}
+RetrieverError = (InvalidQuery, UnknownCollection, CollectionExists, CollectionReadOnly, RetrieverUnavailable)
+
+
+def status_for(exc: Exception) -> grpc.StatusCode:
+    return next(code for kind, code in STATUS_FOR.items() if isinstance(exc, kind))
+
+
+def error_message(exc: BaseException) -> str:
+    """A LookupError's str() is its repr; every other error's is its message."""
+    return exc.args[0] if isinstance(exc, LookupError) and exc.args else str(exc)
 
 
 def validate(request: retriever_pb2.RetrieveRequest, backend: RetrieverBackend) -> RetrievalQuery:
@@ -72,7 +107,10 @@ def validate(request: retriever_pb2.RetrieveRequest, backend: RetrieverBackend) 
     if unknown:
         known = ", ".join(sorted(backend.options)) or "none"
         raise InvalidQuery(f"unknown options {sorted(unknown)}; this retriever understands: {known}")
-    return RetrievalQuery(query, top_k, deadline_ms / 1000, dict(request.options), request.request_id)
+    if request.collection and not backend.has_collections:
+        raise InvalidQuery(f"this retriever has no collections; {request.collection!r} applies to the ANNS retriever")
+    return RetrievalQuery(query, top_k, deadline_ms / 1000, dict(request.options), request.request_id,
+                          request.collection)
 
 
 class RetrieverMetrics:
@@ -95,8 +133,7 @@ class RetrieverServicer(retriever_pb2_grpc.RetrieverServicer):
         try:
             query = validate(request, self.backend)
         except InvalidQuery as exc:
-            self.metrics.errors.labels("INVALID_ARGUMENT").inc()
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+            await self._abort(context, exc)
         started = time.monotonic()
         seq = 0
         chunks = self.backend.retrieve(query)
@@ -125,15 +162,16 @@ class RetrieverServicer(retriever_pb2_grpc.RetrieverServicer):
             # changing the caller's document list in either mode.
             yield retriever_pb2.RetrieveResponse(chunk=retriever_pb2.ContextChunk(
                 seq=seq, mode=retriever_pb2.CHUNK_MODE_APPEND, final=True, emitted_unix_ms=int(time.time() * 1000)))
-        except InvalidQuery as exc:   # what only the backend can judge (replay: an unknown query_id)
-            self.metrics.errors.labels("INVALID_ARGUMENT").inc()
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
-        except RetrieverUnavailable as exc:
-            self.metrics.errors.labels("UNAVAILABLE").inc()
-            await context.abort(grpc.StatusCode.UNAVAILABLE, str(exc))
+        except RetrieverError as exc:   # what only the backend can judge (an unknown collection or query_id)
+            await self._abort(context, exc)
         finally:
             await chunks.aclose()
             self.metrics.duration.observe(time.monotonic() - started)
+
+    async def _abort(self, context, exc: Exception) -> None:
+        code = status_for(exc)
+        self.metrics.errors.labels(code.name).inc()
+        await context.abort(code, error_message(exc))
 
     async def Describe(self, request, context) -> retriever_pb2.RetrieverDescribeResponse:
         return retriever_pb2.RetrieverDescribeResponse(retriever_info=self.backend.describe())

@@ -33,6 +33,8 @@ def add_ask_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--speculation", type=speculation_arg, default=DEFAULT_SPECULATION,
                         help="speculative decoding drafted from the retrieved context: off, auto or a fixed depth "
                              f"0..{MAX_SPECULATION_DEPTH} (default {DEFAULT_SPECULATION})")
+    parser.add_argument("--collection", default="",
+                        help="search this collection of your own documents (anns; default: the bundled docs)")
     parser.add_argument("--top-k", type=int, default=0)
     parser.add_argument("--deadline-ms", type=int, default=0, help="retrieval deadline")
     parser.add_argument("--json", action="store_true", help="print one JSON object at the end instead")
@@ -100,7 +102,7 @@ class StatusLine:
 def run_ask(args: argparse.Namespace) -> int:
     request = orchestrator_pb2.AskRequest(question=args.question, retriever=CHOICES[args.retriever],
                                           no_stream=args.no_stream, max_tokens=args.max_tokens, top_k=args.top_k,
-                                          retrieval_deadline_ms=args.deadline_ms,
+                                          retrieval_deadline_ms=args.deadline_ms, collection=args.collection,
                                           sampling=common_pb2.SamplingParams(speculation=args.speculation))
     status = StatusLine(not args.json)
     started = time.monotonic()
@@ -117,6 +119,9 @@ def run_ask(args: argparse.Namespace) -> int:
                     chunks += 1
                     status.show(f"[{time.monotonic() - started:5.1f}s] retrieval: {chunks} chunks from "
                                 f"{event.retrieval.source}, {event.retrieval.num_documents} documents")
+                elif kind == "lifecycle" and event.lifecycle.kind == common_pb2.LIFECYCLE_EVENT_KIND_ERROR:
+                    status.clear()
+                    print(f"warning: {event.lifecycle.detail}", file=sys.stderr, flush=True)
                 elif kind == "lifecycle" and not answer_started:
                     name = common_pb2.LifecycleEventKind.Name(event.lifecycle.kind).removeprefix(
                         "LIFECYCLE_EVENT_KIND_")

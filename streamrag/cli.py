@@ -109,13 +109,24 @@ def build_parser() -> argparse.ArgumentParser:
     add_retriever_args(retriever)
     retriever.set_defaults(handler=lazy("retriever_svc.server:main"))
 
-    index = commands.add_parser("index", help="build the passage store and DiskANN index")
+    index = commands.add_parser("index", help="build the bundled index; add and remove your own documents")
     index_cmds = index.add_subparsers(dest="index_command", metavar="ACTION", required=True)
     build = index_cmds.add_parser("build", help="extract, split, embed and index an HTML tree (default: Python docs)")
     from retriever_svc.corpus.index import add_index_build_args
 
     add_index_build_args(build)
     build.set_defaults(handler=lazy("retriever_svc.corpus.index:run_index_build"))
+    from streamrag.documents import add_collection_args, add_index_add_args, add_index_remove_args
+
+    index_add = index_cmds.add_parser("add", help="add (or update) your files and folders in a collection, live")
+    add_index_add_args(index_add)
+    index_add.set_defaults(handler=lazy("streamrag.documents:run_index_add"))
+    index_remove = index_cmds.add_parser("remove", help="remove files or folders from a collection")
+    add_index_remove_args(index_remove)
+    index_remove.set_defaults(handler=lazy("streamrag.documents:run_index_remove"))
+    collection = commands.add_parser("collection", help="list, create, drop or merge collections of your documents")
+    add_collection_args(collection)
+    collection.set_defaults(handler=lazy("streamrag.documents:run_collection"))
 
     trace = commands.add_parser("trace", help="record, synthesize or summarize retrieval traces")
     trace_cmds = trace.add_subparsers(dest="trace_command", metavar="ACTION", required=True)

@@ -63,12 +63,13 @@ def upper_snake(pascal: str) -> str:
 def test_stubs_import_from_repo_root():
     assert inference_pb2_grpc.InferenceStub
     assert retriever_pb2_grpc.RetrieverStub
+    assert retriever_pb2_grpc.CollectionsStub
     assert orchestrator_pb2_grpc.OrchestratorStub
     assert sessions_pb2_grpc.SessionsStub
     assert {file.package for file in FILES} == {"streamrag.v1"}
     services = {service.full_name for file in FILES for service in file.services_by_name.values()}
     assert services == {"streamrag.v1.Inference", "streamrag.v1.Retriever", "streamrag.v1.Orchestrator",
-                        "streamrag.v1.Sessions"}
+                        "streamrag.v1.Sessions", "streamrag.v1.Collections"}
 
 
 def test_committed_stubs_match_the_proto_files():

@@ -33,6 +33,7 @@ MANIFEST = "manifest.json"
 STORE = "passages.sqlite"
 VECTORS = "vectors.npy"
 INDEX_PREFIX = "ann"
+SEARCH_THREADS = 8          # DiskANN scratch spaces: concurrent searches per beam width
 Say = Callable[[str], None]
 
 
@@ -82,7 +83,7 @@ def read_manifest(out: Path) -> dict | None:
     return manifest if all((out / name).is_file() for name in needed) else None
 
 
-def _token_counter() -> Callable[[str], int]:
+def token_counter() -> Callable[[str], int]:
     from retriever_svc.embedding import load_embedder
 
     tokenizer = load_embedder().tokenizer
@@ -115,6 +116,15 @@ def embed_passages(passages: list[Passage], dtype: str, progress: bool, batch: i
                                          normalize_embeddings=True, show_progress_bar=False)
             bar.update(len(rows))
     return vectors
+
+
+def open_disk_searcher(directory: Path, beam_width: int, size: int, nodes_to_cache: int = 2000):
+    """A DiskANN `StaticDiskIndex` over the disk index in `directory` (`size` vectors)."""
+    quiet_diskann()
+    import diskannpy
+
+    return diskannpy.StaticDiskIndex(str(directory), num_threads=SEARCH_THREADS, beam_width=beam_width,
+                                     num_nodes_to_cache=min(nodes_to_cache, size), index_prefix=INDEX_PREFIX)
 
 
 def build_disk_index(vectors, directory: Path, params: BuildParams, threads: int) -> None:
@@ -155,10 +165,25 @@ def _install(partial: Path, out: Path) -> None:
     partial.rmdir()
 
 
+def _embed_reporting(passages: list[Passage], dtype: str, on_progress: Say, slice_size: int = 1024):
+    import numpy as np
+
+    parts = []
+    for start in range(0, len(passages), slice_size):
+        on_progress(f"embed {start}/{len(passages)} passages")
+        parts.append(embed_passages(passages[start:start + slice_size], dtype, progress=False))
+    on_progress("building the DiskANN index")
+    return np.concatenate(parts)
+
+
 def build_index(source: Path = DEFAULT_SOURCE, out: Path | None = None, params: BuildParams = BuildParams(),
                 *, force: bool = False, progress: bool = True, threads: int = 0,
-                say: Say = lambda m: print(m, file=sys.stderr, flush=True)) -> BuildResult:
-    """Build (or find up to date) the index of the HTML tree `source` in `out`."""
+                say: Say = lambda m: print(m, file=sys.stderr, flush=True),
+                on_progress: Say | None = None) -> BuildResult:
+    """Build (or find up to date) the index of the HTML tree `source` in `out`.
+
+    `on_progress`, when given, hears a one-line state ("embed 1024/14781 passages") as the build goes.
+    """
     from tqdm import tqdm
 
     source, out = Path(source), Path(out) if out is not None else default_index_dir()
@@ -178,7 +203,7 @@ def build_index(source: Path = DEFAULT_SOURCE, out: Path | None = None, params: 
         shutil.rmtree(partial, ignore_errors=True)
         partial.mkdir()
 
-        count_tokens = _token_counter()
+        count_tokens = token_counter()
         passages: list[Passage] = []
         for path in tqdm(files, desc="extract", unit="page", disable=not progress):
             page = extract_html(path.read_text(encoding="utf-8", errors="replace"), path.relative_to(source).as_posix())
@@ -189,7 +214,10 @@ def build_index(source: Path = DEFAULT_SOURCE, out: Path | None = None, params: 
         say(f"{len(files)} pages -> {len(passages)} passages")
 
         t = time.monotonic()
-        vectors = embed_passages(passages, params.embed_dtype, progress)
+        if on_progress is None:
+            vectors = embed_passages(passages, params.embed_dtype, progress)
+        else:
+            vectors = _embed_reporting(passages, params.embed_dtype, on_progress)
         seconds["embed"] = time.monotonic() - t
 
         t = time.monotonic()

@@ -23,6 +23,7 @@ PAGE = "x" * (256 * 1024)
 
 class EndlessBackend:
     kind = retriever_pb2.RETRIEVER_KIND_CRAWLER
+    has_collections = False
     options: frozenset[str] = frozenset()
 
     def __init__(self) -> None:
