@@ -38,7 +38,8 @@ MAX_L = 4096
 MAX_STAGES = 16
 MAX_BEAM_WIDTH = 64
 NODES_TO_CACHE = 2000       # graph nodes around the medoid kept in memory
-INGEST_BATCH = 16           # passages embedded per turn of the embedding lock while adding files
+INGEST_BATCH = 8            # passages embedded per turn of the embedding lock while adding files
+QUERY_PRIORITY_MAX_WAIT_S = 1.0   # ingestion waits for queries to be embedded, but not forever
 OPTIONS = frozenset({"l_schedule", "beam_width", "measure_recall"})
 
 
@@ -131,6 +132,8 @@ class AnnsBackend:
         self.beam_width = beam_width
         self._embed_query = embed_query or _embed_one
         self.embed_lock = threading.Lock()      # a fast tokenizer must not be used by two threads at once
+        self._queries = threading.Condition()   # queries waiting to embed go before the next ingestion batch
+        self._queries_waiting = 0
 
     @property
     def index(self) -> AnnsIndex | None:
@@ -138,15 +141,24 @@ class AnnsBackend:
         return self.collections.default.index
 
     def embed(self, text: str) -> np.ndarray:
-        with self.embed_lock:
-            return self._embed_query(text)
+        with self._queries:
+            self._queries_waiting += 1
+        try:
+            with self.embed_lock:
+                return self._embed_query(text)
+        finally:
+            with self._queries:
+                self._queries_waiting -= 1
+                self._queries.notify_all()
 
     def embed_passages(self, passages: list[Passage]) -> np.ndarray:
-        """Passage vectors, a few at a time, so that queries embedded meanwhile wait for one batch at most."""
+        """Passage vectors, a few at a time; a query waiting to be embedded goes before the next few."""
         from retriever_svc.corpus.index import embed_passages
 
         parts = []
         for start in range(0, len(passages), INGEST_BATCH):
+            with self._queries:
+                self._queries.wait_for(lambda: self._queries_waiting == 0, timeout=QUERY_PRIORITY_MAX_WAIT_S)
             with self.embed_lock:
                 parts.append(embed_passages(passages[start:start + INGEST_BATCH], "auto", progress=False))
         return np.concatenate(parts) if parts else np.zeros((0, 384), dtype=np.float32)
@@ -244,14 +256,16 @@ def build_backend(args: argparse.Namespace) -> AnnsBackend:
     except ValueError as exc:
         raise SystemExit(f"error: {exc}") from None
     default = DefaultCollection()
-    if read_manifest(directory) is not None:
+    if str(directory) == "none":
+        default.error = "this retriever was started without one (--index none)"
+    elif read_manifest(directory) is not None:
         default.index = AnnsIndex(directory)
     elif args.build_from is None:
         raise SystemExit(f"error: no complete index in {directory}: run `streamrag index build` "
                          "(or start with --build-from SOURCE to build it in the background)")
     backend = AnnsBackend(CollectionRegistry(args.collections or default_collections_root(), default), schedule, width)
     backend.warm_up()
-    if default.index is None:
+    if default.index is None and not default.error:
         default.build_in_background(lambda report: _build_default(args.build_from, directory, report))
     return backend
 

@@ -23,7 +23,8 @@ def add_retriever_args(parser: argparse.ArgumentParser) -> None:
     env = lambda key, default: env_default("retriever", key, default)  # noqa: E731
     anns = parser.add_argument_group("anns")
     anns.add_argument("--index", type=Path, default=env("index", None),
-                      help="index directory from `streamrag index build` (default: the cache's)")
+                      help="index directory from `streamrag index build` (default: the cache's); none: serve only the "
+                           "live collections")
     anns.add_argument("--collections", type=Path, default=env("collections", None),
                       help="folder of the live collections (default: <cache>/collections)")
     anns.add_argument("--build-from", type=Path, default=env("build_from", None),

@@ -32,6 +32,12 @@ def cpu_has_fast_bf16() -> bool:
     return bool(BF16_CPU_FLAGS & cpu_flags())
 
 
+def cpu_kind() -> str:
+    """The CPU kind results are reported by: "AMX", "AVX512-BF16" or "AVX2"."""
+    flags = cpu_flags()
+    return "AMX" if "amx_bf16" in flags else "AVX512-BF16" if "avx512_bf16" in flags else "AVX2"
+
+
 def resolve_dtype(name: str, device: str = "cpu") -> str:
     """`auto` → "bfloat16" where it is fast (CUDA, CPUs with native bf16), else "float32";
     any other name is returned unchanged."""

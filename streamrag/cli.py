@@ -198,6 +198,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_bench_relevance_args(relevance)
     relevance.set_defaults(handler=lazy("load_tests.relevance_calibration:run_bench_relevance"))
+    ingest = bench_cmds.add_parser("ingest", help="your own documents, live: embedding speed, insert-to-searchable, "
+                                                  "recall after churn, search latency while ingesting")
+    from load_tests.ingest_bench import add_bench_ingest_args
+
+    add_bench_ingest_args(ingest)
+    ingest.set_defaults(handler=lazy("load_tests.ingest_bench:run_bench_ingest"))
     sessions = bench_cmds.add_parser("sessions", help="session query TTFT as the session grows vs Generate and the "
                                                       "prefix cache; Flash hits; ingestion tokens/s")
     from load_tests.sessions_bench import add_bench_sessions_args

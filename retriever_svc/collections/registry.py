@@ -56,7 +56,7 @@ class DefaultCollection:
         if self.index is not None:
             return self.index
         if self.error:
-            raise RetrieverUnavailable(f"the default ANNS index could not be built: {self.error}")
+            raise RetrieverUnavailable(f"no default ANNS index: {self.error}")
         raise RetrieverUnavailable("the default ANNS index is still building"
                                    + (f" ({self.progress})" if self.progress else "")
                                    + "; ask with --retriever crawler meanwhile")
@@ -69,7 +69,7 @@ class DefaultCollection:
                 self.progress = ""
             except Exception as exc:      # reported through ready(), and logged
                 log.exception("building the default index failed")
-                self.error = str(exc)
+                self.error = f"building it failed: {exc}"
 
         thread = threading.Thread(target=run, name="default-index-build", daemon=True)
         thread.start()

@@ -56,8 +56,7 @@ _RST_INLINE = [(re.compile(r":[\w:+.-]+:`([^`]+)`"), r"`\1`"),             # :ro
 _RST_LITERAL = re.compile(r"``(.+?)``")
 RST_CODE_DIRECTIVES = frozenset({"code-block", "code", "sourcecode", "doctest", "testcode", "parsed-literal"})
 RST_SKIPPED_DIRECTIVES = frozenset({"toctree", "image", "include", "literalinclude", "raw", "meta", "contents",
-                                    "sectnum", "section-numbering", "highlight", "index", "role", "default-role",
-                                    "tabularcolumns", "currentmodule"})
+                                    "sectnum", "highlight", "index", "role", "default-role", "currentmodule"})
 
 _ENCRYPTED = "the PDF is encrypted (password-protected); index an unencrypted copy"
 
@@ -79,8 +78,8 @@ def load_page(name: str, data: bytes) -> Page:
     suffix = PurePath(name).suffix.lower()
     fmt = SUPPORTED.get(suffix)
     if fmt is None:
-        kinds = ", ".join(sorted(SUPPORTED))
-        raise UnreadableFile(f"unsupported file type {suffix or '(no suffix)'!r} (supported: {kinds})")
+        supported = ", ".join(sorted(SUPPORTED))
+        raise UnreadableFile(f"unsupported file type {suffix or '(no suffix)'!r} (supported: {supported})")
     try:
         page = _load_pdf(name, data) if fmt == "pdf" else _load_text(name, fmt, _decode(data, fmt))
     except UnreadableFile:
@@ -139,7 +138,8 @@ def _load_text(name: str, fmt: str, text: str) -> Page:
     text = text.replace("\r\n", "\n").replace("\r", "\n")
     stem = PurePath(name).stem
     if fmt == "html":
-        return extract_html(text, name)
+        page = extract_html(_with_body(text), name)
+        return Page(name, stem if page.title == name else page.title, page.sections)   # not the whole path
     if fmt == "text":
         return _plain_page(name, stem, text)
     if fmt == "markdown":
@@ -149,6 +149,15 @@ def _load_text(name: str, fmt: str, text: str) -> Page:
         return _page(name, title, blocks)
     blocks = list(_rst_blocks(text.expandtabs(8).split("\n")))   # indentation is spaces from here
     return _page(name, next((b.text for b in blocks if b.heading_level and b.text), stem), blocks)
+
+
+def _with_body(html: str) -> str:
+    """HTML may leave out `<body>`; `extract_html` reads only inside it."""
+    if re.search(r"<body[\s>]", html, re.IGNORECASE):
+        return html
+    head_end = re.search(r"</head\s*>", html, re.IGNORECASE)
+    cut = head_end.end() if head_end else 0
+    return f"{html[:cut]}<body>{html[cut:]}</body>"
 
 
 def _page(name: str, title: str, blocks: list[_Block]) -> Page:
@@ -242,7 +251,7 @@ def _markdown_blocks(lines: list[str]) -> Iterator[_Block]:
             else:
                 code.append(line)
         elif para and not _ITEM_START.match(para[0].lstrip()) and (underline := _MD_SETEXT.match(line)):
-            yield _Block(_md_inline(" ".join(" ".join(para).split())), 1 if underline[1][0] == "=" else 2)
+            yield _Block(_squeezed([_md_inline(" ".join(para))]), 1 if underline[1][0] == "=" else 2)
             para = []
         elif stripped and not any(p.match(line) for p in (_MD_ATX, _MD_FENCE, _MD_BREAK, _MD_LINK_DEF)):
             para.append(line)
@@ -252,7 +261,7 @@ def _markdown_blocks(lines: list[str]) -> Iterator[_Block]:
                 para = []
             if heading := _MD_ATX.match(line):
                 text = re.sub(r"(?:^|[ \t]+)#+$", "", heading[2] or "")
-                yield _Block(_md_inline(" ".join(text.split())), len(heading[1]))
+                yield _Block(_squeezed([_md_inline(text)]), len(heading[1]))
             elif opening := _MD_FENCE.match(line):
                 fence = opening[1]
     if para:
@@ -289,10 +298,7 @@ def _indented(lines: list[str], start: int) -> tuple[list[str], int]:
     end = start
     while end < len(lines) and (not lines[end].strip() or lines[end].startswith(" ")):
         end += 1
-    body = textwrap.dedent("\n".join(lines[start:end])).split("\n")
-    while body and not body[-1].strip():
-        body.pop()
-    return body, end
+    return textwrap.dedent("\n".join(lines[start:end])).split("\n"), end
 
 
 def _rst_explicit(line: str, body: list[str]) -> list[_Block]:
@@ -306,7 +312,7 @@ def _rst_explicit(line: str, body: list[str]) -> list[_Block]:
     while body and _RST_OPTION.match(body[0]):
         body = body[1:]
     if name in RST_CODE_DIRECTIVES:
-        return [_Block(_code(body))] if body else []
+        return [_Block(_code(body))]
     if name in RST_SKIPPED_DIRECTIVES:
         return []
     head = [_Block(_rst_inline(" ".join(args.split())))] if args.strip() and name != "figure" else []
@@ -333,7 +339,7 @@ def _rst_blocks(lines: list[str]) -> Iterator[_Block]:
             continue
         title = None if para else _rst_title(lines, i)
         if title:
-            yield _Block(" ".join(_rst_inline(title[0]).split()), 1)
+            yield _Block(_squeezed([_rst_inline(title[0])]), 1)
             i += title[1]
         elif _RST_EXPLICIT.match(line):
             body, i = _indented(lines, i + 1)

@@ -110,12 +110,14 @@ def run_foreground(step: str, argv: list[str]) -> None:
 
 
 def prepare(options: StackOptions, index_dir: Path) -> None:
-    """Build the index and prepare the embedded model when missing (not counted in --timeout)."""
+    """Prepare the embedded model when missing (not counted in --timeout). A missing index is built by the
+    ANNS retriever in the background (`--build-from`), so the stack answers through the crawler meanwhile."""
     from retriever_svc.corpus.index import read_manifest
 
     if read_manifest(index_dir) is None:
-        print(f"index {index_dir} is missing or incomplete: building it from {options.corpus_root}", flush=True)
-        run_foreground("index", [*CLI, "index", "build", "--source", str(options.corpus_root), "--out", str(index_dir)])
+        print(f"index {index_dir} is missing: the ANNS retriever builds it from {options.corpus_root} in the "
+              "background (`streamrag collection list` shows its progress; the crawler answers meanwhile)",
+              flush=True)
     if options.model is None:
         from inference_svc.embedded_model import embedded_model_dir
 

@@ -146,7 +146,8 @@ def plan_stack(options: StackOptions, index_dir: Path, redis_port: int,
         *serve, "corpus", "--root", str(options.corpus_root), "--host", HOST, "--port", str(port("corpus")),
         "--latency", options.latency], ports=[port("corpus")])
     anns = Service("anns", "retriever", f"{HOST}:{port('anns')}", [
-        *serve, "retriever", "--kind", "anns", "--index", str(index_dir), *grpc_flags("anns")],
+        *serve, "retriever", "--kind", "anns", "--index", str(index_dir), "--build-from", str(options.corpus_root),
+        *grpc_flags("anns")],
         ports=[port("anns"), metrics("anns")])
     model = ["--model", str(options.model)] if options.model else []
     inference = [Service(f"inference-{i}", "inference", f"{HOST}:{port('inference', i)}", [
