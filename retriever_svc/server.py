@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import importlib
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 
 from protos import retriever_pb2, retriever_pb2_grpc
 from retriever_svc.server_args import default_port
@@ -35,7 +35,7 @@ def service_config(args: argparse.Namespace) -> ServiceConfig:
 
 
 def build_runner(config: ServiceConfig, backend: RetrieverBackend,
-                 metrics: RetrieverMetrics | None = None) -> tuple[ServiceRunner, list[Coroutine]]:
+                 metrics: RetrieverMetrics | None = None) -> tuple[ServiceRunner, list[Callable[[], Coroutine]]]:
     """The gRPC server of one retriever (Retriever, and Collections where the backend has them) and the
     background work to run beside it."""
     metrics = metrics or RetrieverMetrics()
@@ -48,7 +48,7 @@ def build_runner(config: ServiceConfig, backend: RetrieverBackend,
         collections = CollectionsServicer(backend)
         servicers.append((retriever_pb2_grpc.add_CollectionsServicer_to_server, collections))
         names.append(COLLECTIONS_SERVICE)
-        background.append(collections.merge_in_background())
+        background.append(collections.merge_in_background)
     return ServiceRunner(config, servicers, names, registry=metrics.registry), background
 
 
@@ -56,7 +56,7 @@ async def serve(args: argparse.Namespace) -> None:
     configure_logging(args.log_level)
     runner, background = build_runner(service_config(args), build_backend(args))
     port = await runner.start()
-    tasks = [asyncio.ensure_future(work) for work in background]
+    tasks = [asyncio.ensure_future(work()) for work in background]
     print(f"{args.kind} retriever on {args.host}:{port} (metrics :{runner.metrics_port})", flush=True)
     await runner.wait()
     for task in tasks:

@@ -72,8 +72,9 @@ class CollectionsServicer(retriever_pb2_grpc.CollectionsServicer):
             collection = await self._call(context, self.registry.live, request.collection)
             result: AddResult = await self._call(context, self._locked, collection.add_file, request.path,
                                                  request.content, self.count_tokens, self.backend.embed_passages)
-            yield retriever_pb2.AddFilesResponse(path=result.path, status=STATUS[result.status], passages=result.passages,
-                                              message=result.message, seconds=result.seconds)
+            yield retriever_pb2.AddFilesResponse(path=result.path, status=STATUS[result.status],
+                                                 passages=result.passages, message=result.message,
+                                                 seconds=result.seconds)
 
     async def RemoveFiles(self, request, context) -> retriever_pb2.RemoveFilesResponse:
         collection = await self._call(context, self.registry.live, request.collection)

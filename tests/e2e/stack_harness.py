@@ -1,6 +1,6 @@
-"""The whole stack in one test process: a private Redis, the tiny corpus served over HTTP,
-the ANNS, crawler and replay retrievers, a real inference replica (fp32) and the
-orchestrator, each a real gRPC server on loopback."""
+"""The whole stack in one test process: a private Redis, the tiny corpus served over HTTP, the
+ANNS (with live collections under `root/collections`), crawler and replay retrievers, a real
+inference replica (fp32) and the orchestrator, each a real gRPC server on loopback."""
 
 from __future__ import annotations
 
@@ -11,13 +11,13 @@ from pathlib import Path
 import grpc
 
 from orchestrator.server import OrchestratorService
-from protos import orchestrator_pb2, orchestrator_pb2_grpc, retriever_pb2_grpc
+from protos import orchestrator_pb2, orchestrator_pb2_grpc
 from retriever_svc.anns import AnnsBackend, AnnsIndex
+from retriever_svc.collections.registry import CollectionRegistry, DefaultCollection
 from retriever_svc.corpus_server import CorpusServer
 from retriever_svc.crawler import CrawlerBackend, CrawlerSettings
 from retriever_svc.replay import ReplayBackend
-from retriever_svc.server import SERVICE_NAME as RETRIEVER_SERVICE
-from retriever_svc.service import RetrieverServicer
+from retriever_svc.server import build_runner
 from retriever_svc.trace import Trace, TraceChunk, TraceDocument, TraceQuery
 from servicekit.config import ServiceConfig
 from servicekit.server import ServiceRunner
@@ -59,16 +59,15 @@ class Stack:
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
 
     async def _serve_retriever(self, name: str, backend) -> str:
-        runner = ServiceRunner(ServiceConfig(service=name, port=0, metrics_port=None, grace_s=0),
-                               [(retriever_pb2_grpc.add_RetrieverServicer_to_server, RetrieverServicer(backend))],
-                               [RETRIEVER_SERVICE])
+        runner, _ = build_runner(ServiceConfig(service=name, port=0, metrics_port=None, grace_s=0), backend)
         port = await runner.start(handle_signals=False)
         self.retrievers[name] = runner
         return f"127.0.0.1:{port}"
 
     async def _start(self) -> None:
         self.retriever_addresses = addresses = {
-            "anns": await self._serve_retriever("anns", AnnsBackend(AnnsIndex(self.index_dir))),
+            "anns": await self._serve_retriever("anns", AnnsBackend(CollectionRegistry(
+                self.root / "collections", DefaultCollection(AnnsIndex(self.index_dir))))),
             "crawler": await self._serve_retriever("crawler", CrawlerBackend(CrawlerSettings(
                 start_urls=(self.corpus.index_url,), max_pages=10, work_dir=self.root / "crawl"))),
             "replay": await self._serve_retriever("replay", ReplayBackend(SLOW_TRACE, name="slow")),
