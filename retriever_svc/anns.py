@@ -215,7 +215,8 @@ class AnnsBackend:
         facts = {"search_list_sizes": ",".join(map(str, self.schedule)), "beam_width": str(self.beam_width),
                  "collections": ",".join(info["name"] for info in self.collections.infos())}
         if self.index is None:
-            facts["default_state"] = self.collections.default.info()["state"]
+            default = self.collections.default.info()
+            facts |= {"default_state": default["state"], "default_progress": default["progress"]}
             return retriever_pb2.RetrieverInfo(kind=self.kind, facts=facts)
         manifest = self.index.manifest
         params = manifest.get("params", {})

@@ -317,8 +317,12 @@ def service_details(service: Service, options: dict, timeout_s: float = 2.0) -> 
         except grpc.RpcError as exc:
             return f"({exc.code().name.lower()})"
     kind = retriever_pb2.RetrieverKind.Name(info.kind).removeprefix("RETRIEVER_KIND_").lower()
+    collections = f"; collections {info.facts['collections']}" if info.facts.get("collections") else ""
     if info.num_documents:
-        return f"{kind}; corpus {info.corpus}, {info.num_documents} documents"
+        return f"{kind}; corpus {info.corpus}, {info.num_documents} documents{collections}"
+    if "default_state" in info.facts:
+        progress = info.facts.get("default_progress")
+        return f"{kind}; default index {info.facts['default_state']}{f' ({progress})' if progress else ''}{collections}"
     return f"{kind}; starts at {info.facts.get('start_urls', '?')}"
 
 
