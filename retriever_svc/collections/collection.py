@@ -86,16 +86,18 @@ class Collection:
         if not passages:
             return AddResult(path, Added.FAILED, 0, "no text to index")
         vectors = embed(passages)
-        change = self.store.put_file(path, sha256, passages, vectors)
-        self.index.apply(change, vectors)
+        with self.index.writing():
+            change = self.store.put_file(path, sha256, passages, vectors)
+            self.index.apply(change, vectors)
         status = Added.REPLACED if change.replaced else Added.ADDED
         return AddResult(path, status, len(passages), seconds=time.monotonic() - started)
 
     def remove(self, paths: Sequence[str]) -> tuple[list[str], int]:
         """Remove files (a folder path: every file under it); (files removed, passages removed)."""
         files = sorted({found for path in paths for found in self.store.paths_under(path)})
-        removed, pids = self.store.remove_files(files)
-        self.index.remove(pids)
+        with self.index.writing():
+            removed, pids = self.store.remove_files(files)
+            self.index.remove(pids)
         return removed, len(pids)
 
     def info(self) -> dict:

@@ -109,17 +109,27 @@ class LiveIndex:
         view = view or self.view
         found: list[tuple[float, int]] = []
         if view.disk is not None and view.disk_size > len(view.deleted):
-            # Ask the disk part for enough extra candidates to make up for the deleted ones.
-            live = view.disk_size - len(view.deleted)
-            want = min(view.disk_size, max(k, int(np.ceil(k * view.disk_size / live)) + len(view.deleted) // 64))
-            pids, distances = view.disk.search(vector, want, max(search_list_size, want), beam_width)
-            found += [(d, p) for p, d in zip(pids, distances, strict=True) if p not in view.deleted]
+            found += self._search_disk(view, vector, k, search_list_size, beam_width)
         if len(view.memory_pids):
             top = exact_top(view.memory_vectors, vector, k)
             distances = 2.0 - 2.0 * (view.memory_vectors[top] @ vector)
             found += list(zip(distances.tolist(), view.memory_pids[top].tolist(), strict=True))
         found.sort()
         return [p for _, p in found[:k]], [max(0.0, d) for d, _ in found[:k]]
+
+    @staticmethod
+    def _search_disk(view: View, vector: np.ndarray, k: int, search_list_size: int,
+                     beam_width: int) -> list[tuple[float, int]]:
+        """The disk part's k nearest live passages: deleted ones are skipped, and the search widened (doubling
+        the candidates asked for) until k live ones are found or the whole part has been asked for."""
+        live = view.disk_size - len(view.deleted)
+        want = min(view.disk_size, int(np.ceil(k * view.disk_size / live)))
+        while True:
+            pids, distances = view.disk.search(vector, want, max(search_list_size, want), beam_width)
+            found = [(d, p) for p, d in zip(pids, distances, strict=True) if p not in view.deleted]
+            if len(found) >= min(k, live) or want >= view.disk_size:
+                return found
+            want = min(view.disk_size, want * 2)
 
     def stages(self, vector: np.ndarray, k: int, schedule: Sequence[int], beam_width: int) -> Iterator[Stage]:
         view = self.view
@@ -132,15 +142,17 @@ class LiveIndex:
         return pids[exact_top(vectors, vector, k)].tolist()
 
     # ---- writing ----
+    def writing(self) -> threading.Lock:
+        """Held around a store commit and its `apply`/`remove`, so that a merge never sees one without the other."""
+        return self._write_lock
+
     def apply(self, change: FileChange, vectors: np.ndarray) -> None:
-        """Publish a committed file change: its old passages leave, its new ones (rows of `vectors`) join."""
-        with self._write_lock:
-            self._publish(change.removed_pids, np.asarray(change.added_pids, dtype=np.int64), vectors)
+        """Publish a committed file change (under `writing()`): its old passages leave, its new ones join."""
+        self._publish(change.removed_pids, np.asarray(change.added_pids, dtype=np.int64), vectors)
 
     def remove(self, pids: Sequence[int]) -> None:
-        """Publish committed removals."""
-        with self._write_lock:
-            self._publish(pids, np.zeros(0, dtype=np.int64), np.zeros((0, DIM), dtype=np.float32))
+        """Publish committed removals (under `writing()`)."""
+        self._publish(pids, np.zeros(0, dtype=np.int64), np.zeros((0, DIM), dtype=np.float32))
 
     def _publish(self, removed: Sequence[int], added: np.ndarray, vectors: np.ndarray) -> None:
         view = self.view
@@ -159,9 +171,10 @@ class LiveIndex:
         return (len(view.memory_pids) >= MERGE_MEMORY_PASSAGES
                 or (view.disk_size > 0 and len(view.deleted) >= MERGE_DELETED_FRACTION * view.disk_size))
 
-    def merge(self, threads: int = 1) -> bool:
-        """Build the next generation from the store and swap it in; False when another merge runs."""
-        if not self._merge_lock.acquire(blocking=False):
+    def merge(self, threads: int = 1, wait: bool = True) -> bool:
+        """Build the next generation from the store and swap it in. With `wait`, a merge already running is
+        waited for first (then this one merges what came after it); without, this returns False at once."""
+        if not self._merge_lock.acquire(blocking=wait):
             return False
         try:
             self.merging = True

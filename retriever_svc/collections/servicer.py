@@ -77,6 +77,9 @@ class CollectionsServicer(retriever_pb2_grpc.CollectionsServicer):
                                                  seconds=result.seconds)
 
     async def RemoveFiles(self, request, context) -> retriever_pb2.RemoveFilesResponse:
+        if not request.paths or not all(path.strip("/") for path in request.paths):
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                                "name the files or folders to remove (an empty path or / would remove everything)")
         collection = await self._call(context, self.registry.live, request.collection)
         removed, passages = await self._call(context, self._locked, collection.remove, list(request.paths))
         return retriever_pb2.RemoveFilesResponse(removed=removed, passages=passages)
@@ -99,6 +102,6 @@ class CollectionsServicer(retriever_pb2_grpc.CollectionsServicer):
                 if collection.index.needs_merge():
                     log.info("merging collection %s", collection.name)
                     try:
-                        await asyncio.to_thread(collection.index.merge)
+                        await asyncio.to_thread(collection.index.merge, 1, False)
                     except Exception:                   # the old generation keeps serving; retried next round
                         log.exception("merging collection %s failed", collection.name)
