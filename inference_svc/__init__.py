@@ -1,1 +1,16 @@
-"""inference_svc package."""
+"""The Inference gRPC service and its engine, in rooms:
+
+- `engine/`: the native engine (scheduler, policies, KV pools, cost model, model runner); it knows
+  nothing of gRPC or of the service, and imports nothing outside itself;
+- `rpc/`: what both backends share: the one `Inference` servicer (`StreamServicerBase`, written
+  once over a small backend hook), message conversion, the error→status map, metrics, the chat
+  format, and the `RequestSummary` a backend ends a request with;
+- `native/`: the service on the native engine (engine thread, its servicer hook, sessions, the
+  service object that starts it all);
+- `vllm_backend/`: the same contract on vLLM's AsyncLLM;
+- here: starting a service (`server`: flags → spec → backend's service → serve; `server_args`, its
+  flags; `options`, the service's defaults), running one as a subprocess (`launch`), the embedded
+  model (`embedded_model`) and the cost model's profile (`profiling`, `streamrag profile`).
+
+Imports go down only: server → native / vllm_backend → rpc → engine.
+"""

@@ -12,6 +12,7 @@ atomically renamed into place; a marker file records the source GGUF and format 
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import hashlib
 import importlib.util
@@ -297,7 +298,20 @@ def prepare_embedded_model(cache_dir: Path | None = None, *, progress: bool = Tr
     return target
 
 
-if __name__ == "__main__":   # `python -m inference_svc.embedded_model [--quiet]` = `streamrag model prepare`
-    import sys
+def add_model_prepare_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--cache-dir", type=Path, default=None,
+                        help="cache root (default: $STREAMRAG_CACHE_DIR or ~/.cache/streamrag)")
+    parser.add_argument("--force", action="store_true", help="rebuild even if already prepared")
+    parser.add_argument("--quiet", action="store_true", help="no progress display")
 
-    print(prepare_embedded_model(progress="--quiet" not in sys.argv[1:]))
+
+def run_model_prepare(args: argparse.Namespace) -> int:
+    """`streamrag model prepare`: prints the model directory."""
+    print(prepare_embedded_model(args.cache_dir, force=args.force, progress=not args.quiet))
+    return 0
+
+
+if __name__ == "__main__":   # `python -m inference_svc.embedded_model [--quiet]` = `streamrag model prepare`
+    from servicekit.config import run_command
+
+    sys.exit(run_command("python -m inference_svc.embedded_model", add_model_prepare_args, run_model_prepare))

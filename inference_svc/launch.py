@@ -2,7 +2,7 @@
 for benchmarks and tests, so that the service runs in its own process as it does in production
 and never shares the client's interpreter: hosted in the client's process, some bursts of the
 native service ran a quarter slower, with the client's event-loop thread busy beside the engine's
-threads (docs/concurrent/hosting.txt).
+threads (docs/results.md, "Ours against vLLM").
 
     from inference_svc.launch import start_inference_service
     service = start_inference_service("native", model_dir, port=0, max_streams=64)   # waits until it serves
@@ -11,6 +11,9 @@ threads (docs/concurrent/hosting.txt).
     service.stop()
 
 `python`: the interpreter to run it (for `vllm`, one with the vllm extra installed).
+`start_vllm_service(model_dir, ...)` is the same for vLLM (Generate = vLLM-NS, StreamPrompt =
+vLLM-S), run by $STREAMRAG_VLLM_PYTHON when set: it keeps vllm (and its engine-core process) out
+of the caller's interpreter.
 """
 
 from __future__ import annotations
@@ -26,6 +29,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
+
+from inference_svc.options import DEFAULT_MAX_STREAMS
 
 REPO = Path(__file__).resolve().parents[1]
 READY = re.compile(r"inference service on ([^\s:]+):(\d+) \(metrics :(\d+|None)\)")
@@ -67,8 +72,8 @@ class ServiceHandle:
 
 
 def start_inference_service(backend: str, model_dir: Path | str | None = None, port: int = 0,
-                            max_streams: int = 256, *, policy: str | None = "fcfs", dtype: str = "bfloat16",
-                            device: str = "cpu", extra_args: list[str] | tuple[str, ...] = (),
+                            max_streams: int = DEFAULT_MAX_STREAMS, *, policy: str | None = "fcfs",
+                            dtype: str = "bfloat16", device: str = "cpu", extra_args: list[str] | tuple[str, ...] = (),
                             metrics_port: int = 0, python: str | None = None, env: dict[str, str] | None = None,
                             log_path: Path | None = None, timeout_s: float = 600.0) -> ServiceHandle:
     """Start the service as a subprocess and wait until it serves; raises RuntimeError with the
@@ -101,6 +106,14 @@ def start_inference_service(backend: str, model_dir: Path | str | None = None, p
     host, port_text, metrics_text = match.groups()
     return ServiceHandle(process, host, int(port_text), None if metrics_text == "None" else int(metrics_text),
                          log_path, drain)
+
+
+def start_vllm_service(model_dir: Path | str | None = None, port: int = 0,
+                       max_streams: int = DEFAULT_MAX_STREAMS, *, python: str | None = None,
+                       **options) -> ServiceHandle:
+    """`start_inference_service("vllm", ...)`; `python` defaults to $STREAMRAG_VLLM_PYTHON."""
+    return start_inference_service("vllm", model_dir, port, max_streams,
+                                   python=python or os.environ.get("STREAMRAG_VLLM_PYTHON"), **options)
 
 
 def _wait_ready(process: subprocess.Popen, log: IO[str], deadline: float) -> re.Match | None:

@@ -1,33 +1,60 @@
-"""`streamrag serve inference`: the Inference gRPC service over the native engine."""
+"""`streamrag serve inference` (also `python -m inference_svc.server`): start an Inference service.
+
+Starting a service, in the order it happens:
+1. the flags (`server_args.add_inference_args`) are checked, and the model directory found
+   (`checked_model_dir`: the embedded model unless `--model` names one);
+2. the flags become the chosen backend's spec: an `EngineSpec` for the native engine
+   (`native_spec`), a `VllmSpec` for vLLM (`vllm_spec`);
+3. the backend's service object is built from its spec (`native.service.NativeInferenceService`,
+   `vllm_backend.service.VllmInferenceService`: the same start/stop/runner surface);
+4. it starts, prints the line `launch.py` waits for, and serves until a signal ends it.
+
+For a service in its own process (benchmarks, tests), see `inference_svc.launch`.
+"""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
-import logging
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from inference_svc.chat_format import chat_format
 from inference_svc.engine.engine import EngineConfig
-from inference_svc.engine.factory import EngineSpec, build_engine
-from inference_svc.engine.options import DEFAULT_BLOCK_SIZE, DEFAULT_EVICTION, DEFAULT_MAX_SESSIONS
-from inference_svc.engine.sessions import SessionFormat, SessionManager
-from inference_svc.engine_thread import EngineThread
-from inference_svc.metrics import InferenceMetrics
-from inference_svc.servicer import InferenceServicer
-from inference_svc.sessions_servicer import SessionsServicer
-from protos import inference_pb2, inference_pb2_grpc, sessions_pb2, sessions_pb2_grpc
+from inference_svc.engine.factory import EngineSpec
+from inference_svc.engine.options import DEFAULT_BLOCK_SIZE, DEFAULT_EVICTION
+from inference_svc.native.service import NativeInferenceService
 from servicekit.config import ServiceConfig, service_config_from_args
-from servicekit.server import ServiceRunner, configure_logging
+from servicekit.server import configure_logging
 
-log = logging.getLogger(__name__)
-SERVICE_NAME = inference_pb2.DESCRIPTOR.services_by_name["Inference"].full_name
-SESSIONS_SERVICE_NAME = sessions_pb2.DESCRIPTOR.services_by_name["Sessions"].full_name
+if TYPE_CHECKING:
+    from inference_svc.vllm_backend.config import VllmSpec
+    from inference_svc.vllm_backend.service import VllmInferenceService
+
+POSITIVE_FLAGS = ("kv_device_blocks", "kv_device_bytes", "kv_cpu_blocks", "token_budget", "max_running",
+                  "max_streams", "block_size")
 
 
-def engine_spec_from_args(args: argparse.Namespace) -> EngineSpec:
-    model_dir = checked_model_dir(args)
+def checked_model_dir(args: argparse.Namespace) -> Path:
+    """Check the numeric flags and the model directory (the embedded model by default)."""
+    from inference_svc.embedded_model import prepare_embedded_model
+
+    for name in POSITIVE_FLAGS:
+        value = getattr(args, name, None)
+        if value is not None and value < (0 if name == "kv_cpu_blocks" else 1):
+            raise SystemExit(f"error: --{name.replace('_', '-')} must be positive, got {value}")
+    model_dir = args.model or prepare_embedded_model(progress=False)
+    if not (Path(model_dir) / "config.json").exists():
+        raise SystemExit(f"error: {model_dir} is not a model directory (no config.json)")
+    return Path(model_dir)
+
+
+def policy_options(args: argparse.Namespace) -> dict:
+    """Options of the chosen policy from the flags (both backends)."""
+    starvation_s = getattr(args, "lcas_starvation_s", None)
+    return {"starvation_s": starvation_s} if args.policy == "lcas" and starvation_s is not None else {}
+
+
+def native_spec(args: argparse.Namespace, model_dir: Path) -> EngineSpec:
     return EngineSpec(
         model_dir=model_dir, device=args.device, dtype=args.dtype, kv_device_blocks=args.kv_device_blocks,
         kv_device_bytes=args.kv_device_bytes, kv_cpu_blocks=args.kv_cpu_blocks,
@@ -39,84 +66,37 @@ def engine_spec_from_args(args: argparse.Namespace) -> EngineSpec:
                             speculative_append_share=args.speculative_append_share))
 
 
-def policy_options(args: argparse.Namespace) -> dict:
-    """Options of the chosen policy from the flags (both backends)."""
-    starvation_s = getattr(args, "lcas_starvation_s", None)
-    return {"starvation_s": starvation_s} if args.policy == "lcas" and starvation_s is not None else {}
+def vllm_spec(args: argparse.Namespace, model_dir: Path) -> VllmSpec:
+    """The `VllmSpec` for the flags; exits with a message when vllm is missing or cannot honour them."""
+    from inference_svc.vllm_backend.config import UnsupportedConfiguration, VllmSpec, vllm_available
+
+    if not vllm_available():
+        raise SystemExit("error: --backend vllm needs vllm in this Python: see docs/vllm.md "
+                         "(python3.11 -m inference_svc.vllm_backend.install /opt/vllm-venv)")
+    try:
+        return VllmSpec(model_dir=model_dir, device=args.device, dtype=args.dtype, policy=args.policy,
+                        block_size=args.block_size, kv_device_bytes=args.kv_device_bytes,
+                        kv_device_blocks=args.kv_device_blocks, token_budget=args.token_budget,
+                        max_running=args.max_running, eviction=args.eviction or "recompute",
+                        policy_options=tuple(policy_options(args).items()))
+    except UnsupportedConfiguration as exc:
+        raise SystemExit(f"error: {exc}") from None
 
 
-def checked_model_dir(args: argparse.Namespace) -> Path:
-    """Check the numeric flags and the model directory (the embedded model by default)."""
-    from inference_svc.embedded_model import prepare_embedded_model
+def build_service(args: argparse.Namespace, config: ServiceConfig) -> NativeInferenceService | VllmInferenceService:
+    """The service for parsed flags, on the backend `--backend` names."""
+    model_dir = checked_model_dir(args)
+    if args.backend == "vllm":
+        spec = vllm_spec(args, model_dir)
+        from inference_svc.vllm_backend.service import VllmInferenceService  # imports vllm: only on this path
 
-    for name in ("kv_device_blocks", "kv_device_bytes", "kv_cpu_blocks", "token_budget", "max_running", "max_streams",
-                 "block_size"):
-        value = getattr(args, name, None)
-        if value is not None and value < (0 if name == "kv_cpu_blocks" else 1):
-            raise SystemExit(f"error: --{name.replace('_', '-')} must be positive, got {value}")
-    model_dir = args.model or prepare_embedded_model(progress=False)
-    if not (Path(model_dir) / "config.json").exists():
-        raise SystemExit(f"error: {model_dir} is not a model directory (no config.json)")
-    return Path(model_dir)
-
-
-class InferenceService:
-    """Engine + engine thread + servicer + gRPC server: start/stop as one unit (also used by tests)."""
-
-    def __init__(self, spec: EngineSpec, config: ServiceConfig, max_streams: int = 256, backend: str = "native",
-                 max_sessions: int = DEFAULT_MAX_SESSIONS):
-        self.engine = build_engine(spec)
-        self.metrics = InferenceMetrics()
-        self.thread = EngineThread(self.engine, self._after_step)
-        runner = self.engine.runner
-        info = inference_pb2.ModelInfo(
-            model=spec.model_dir.name, context_length=self.engine.max_model_len, block_size=spec.engine.block_size,
-            policy=self.engine.policy.name, backend=backend, eviction_mode=spec.engine.eviction, dtype=spec.dtype,
-            device=str(runner.device), chat_format=chat_format(self.engine.tokenizer.tokenizer, runner.eos_token_ids),
-            vocab_size=runner.config.vocab_size, token_budget=spec.engine.token_budget)
-        self.servicer = InferenceServicer(self.thread, info, self.metrics, max_streams)
-        chat = info.chat_format
-        self.sessions = SessionManager(self.engine, SessionFormat(chat.prompt_prefix + chat.user_prefix,
-                                                                  chat.user_suffix + chat.assistant_prefix),
-                                       max_sessions=max_sessions)
-        self.sessions_servicer = SessionsServicer(self.thread, self.sessions, self.metrics)
-        servicers = [(inference_pb2_grpc.add_InferenceServicer_to_server, self.servicer),
-                     (sessions_pb2_grpc.add_SessionsServicer_to_server, self.sessions_servicer)]
-        self.runner = ServiceRunner(config, servicers,
-                                    [SERVICE_NAME, SESSIONS_SERVICE_NAME], registry=self.metrics.registry)
-
-    def _after_step(self, seconds: float | None, events: list) -> None:
-        """On the engine thread, after a step (or a command that raised events)."""
-        self.sessions.observe(seconds, events)
-        self.metrics.observe(self.engine, seconds, events)
-        self.metrics.sessions.set(len(self.sessions.sessions))
-        self.servicer.publish_stats(self.engine, num_sessions=len(self.sessions.sessions))
-
-    async def start(self, handle_signals: bool = True) -> int:
-        self.servicer.publish_stats(self.engine)
-        self.thread.start()
-        return await self.runner.start(handle_signals=handle_signals)
-
-    async def stop(self, grace_s: float | None = None) -> None:
-        await self.runner.stop(grace_s)
-        with contextlib.suppress(Exception):   # an engine that failed has nothing left to free
-            await self.thread.call(lambda engine: self.sessions.close_all("service shutdown"))
-        self.shutdown()
-
-    def shutdown(self) -> None:
-        self.thread.stop()
+        return VllmInferenceService(spec, config, args.max_streams)
+    return NativeInferenceService(native_spec(args, model_dir), config, args.max_streams, args.max_sessions)
 
 
 async def serve(args: argparse.Namespace) -> None:
     configure_logging(args.log_level)
-    config = service_config_from_args("inference", args)
-    if args.backend == "vllm":
-        from inference_svc.vllm_backend.launch import build_vllm_service  # imports vllm: only on this path
-
-        service = build_vllm_service(args, checked_model_dir(args), config)
-    else:
-        service = InferenceService(engine_spec_from_args(args), config, args.max_streams, args.backend,
-                                   args.max_sessions)
+    service = build_service(args, service_config_from_args("inference", args))
     port = await service.start()
     print(f"inference service on {args.host}:{port} (metrics :{service.runner.metrics_port})", flush=True)
     await service.runner.wait()

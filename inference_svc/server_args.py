@@ -1,7 +1,8 @@
 """Flags of `streamrag serve inference` (kept free of heavy imports so `--help` is instant).
 
-Choice lists and defaults come from `inference_svc.engine.options`, the one place they are
-written; the engine's dataclasses take theirs from there too.
+Choice lists and defaults come from `inference_svc.engine.options` (the engine's) and
+`inference_svc.options` (the service's), the one places they are written; the engine's
+dataclasses take theirs from there too.
 """
 
 from __future__ import annotations
@@ -10,15 +11,11 @@ import argparse
 from pathlib import Path
 
 from inference_svc.engine.options import (
-    BACKEND_CHOICES,
-    DEFAULT_BACKEND,
     DEFAULT_DEVICE,
     DEFAULT_DTYPE,
     DEFAULT_EVICTION,
     DEFAULT_KV_CPU_BLOCKS,
     DEFAULT_MAX_RUNNING,
-    DEFAULT_MAX_SESSIONS,
-    DEFAULT_MAX_STREAMS,
     DEFAULT_POLICY,
     DEFAULT_SPECULATIVE_APPEND_SHARE,
     DEFAULT_SPECULATIVE_RESERVE_SHARE,
@@ -30,6 +27,7 @@ from inference_svc.engine.options import (
     share_arg,
     speculative_share_arg,
 )
+from inference_svc.options import BACKEND_CHOICES, DEFAULT_BACKEND, DEFAULT_MAX_SESSIONS, DEFAULT_MAX_STREAMS
 from servicekit.config import add_service_args, env_default
 
 __all__ = ["BACKEND_CHOICES", "DTYPE_CHOICES", "EVICTION_CHOICES", "POLICY_CHOICES", "add_inference_args"]

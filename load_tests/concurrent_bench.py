@@ -9,7 +9,7 @@ burst per seed and is stopped before the next starts. Prompts are random token i
 every seed and engine, so no prefix cache helps either side.
 
     streamrag bench concurrent --engine native,vllm --concurrency 16 --prompt-tokens 1150 \
-        --seeds 0,1,2 --json docs/concurrent/concurrent.json
+        --seeds 0,1,2 --json out/concurrent.json
 
 Prints one row per engine and seed and the per-seed ratio native / vLLM with its median and
 min-max spread (load_tests.seeds.spread).
@@ -103,7 +103,7 @@ async def measure(address: str, engine: str, seeds: list[int], args: argparse.Na
 
 def run(args: argparse.Namespace, progress: Callable[[str], None] = say) -> dict[str, Any]:
     """One engine's service at a time: on a 2-core machine an idle vLLM service beside the native one
-    cost the native bursts a quarter of their throughput (docs/concurrent/hosting.txt)."""
+    cost the native bursts a quarter of their throughput (docs/results.md, "Ours against vLLM")."""
     engines = [e.strip() for e in args.engine.split(",") if e.strip()]
     if not engines or any(e not in ENGINES for e in engines):
         raise ValueError(f"--engine: a comma-separated list of {', '.join(ENGINES)}, got {args.engine!r}")

@@ -71,7 +71,7 @@ def _words(text: str) -> set[str]:
 
 
 def rag_prompts(chat, count: int, rng: random.Random) -> list[Prompt]:
-    from inference_svc.convert import segments_from_proto
+    from inference_svc.rpc.convert import segments_from_proto
     from orchestrator.prompt import document_segment, head_segments, suffix_segments
     from protos import common_pb2
     from retriever_svc.corpus.extract import extract_html
@@ -131,8 +131,8 @@ def run_once(engine, prompts: list[Prompt], mode: str, max_tokens: int, tag: str
         events = engine.step()
         now = time.perf_counter()
         if decode_start is not None:
-            steps.append(((now - step_start) * 1e3, engine.last_step_tokens, engine.last_step_draft_tokens,
-                          list(engine.last_step_depths)))
+            last = engine.last_step
+            steps.append(((now - step_start) * 1e3, last.tokens, last.draft_tokens, list(last.depths)))
         for event in events:
             if event.kind is EventKind.TOKEN:
                 token_times[event.request_id].append(now)
@@ -286,10 +286,10 @@ def add_bench_decode_args(parser: argparse.ArgumentParser) -> None:
 
 
 def run_bench_decode(args: argparse.Namespace) -> int:
-    from inference_svc.chat_format import chat_format
     from inference_svc.embedded_model import prepare_embedded_model
     from inference_svc.engine.factory import EngineSpec, build_engine
     from inference_svc.engine.options import parse_speculation
+    from inference_svc.rpc.chat_format import chat_format
 
     if args.threads:
         import torch

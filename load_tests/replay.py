@@ -10,8 +10,8 @@ subprocess, `streamrag serve inference --backend native|vllm` (the embedded mode
 `--model`; one service per configuration, stopped after it; vLLM's policy `default` is vLLM-S and
 vLLM-NS); or the service at `--address` is used as it is (its policy and eviction are read with
 Describe). A service in the replay client's own interpreter was slower in some bursts and not in
-others (the client's gRPC loop beside the engine thread: docs/benchmarks.md, "Prefill under
-concurrency"), so it never shares one.
+others (the client's gRPC loop beside the engine thread: docs/results.md, "Ours against
+vLLM"), so it never shares one.
 Each workload of the trace (its records' `workload` label) is replayed on its own, at each
 QPS, streaming in every configuration and non-streaming once per engine (in its first
 configuration; `--baseline each` runs it in every one); one run's prompts and requests are
@@ -44,13 +44,13 @@ from inference_svc.engine.options import (
     DEFAULT_DTYPE,
     DEFAULT_EVICTION,
     DEFAULT_KV_CPU_BLOCKS,
-    DEFAULT_MAX_STREAMS,
     DEFAULT_POLICY,
     DEFAULT_TOKEN_BUDGET,
     DTYPE_CHOICES,
     EVICTION_CHOICES,
     POLICY_CHOICES,
 )
+from inference_svc.options import DEFAULT_MAX_STREAMS
 from inference_svc.server_args import add_speculative_args
 from load_tests.cli_types import positive_float, positive_int
 from load_tests.plots import write_plots

@@ -19,7 +19,7 @@ arrival alone:
   `update` that keeps the KV of everything in front of it; otherwise it is an `append`.
   The margin keeps near-ties in arrival order, which is already the crawl's best-first
   order: without it 29% of the pages the crawler sends would move, with it 4%, most of them
-  answering pages (`streamrag bench relevance`, docs/benchmarks.md "Retrieval quality"),
+  answering pages (`streamrag bench relevance`, docs/results.md "Retrieval quality"),
   each move invalidating the pages behind it.
 The ANNS passages stay in front: they arrive first (milliseconds against seconds) and hit
 the answering page more often, and moving them behind later pages would invalidate the

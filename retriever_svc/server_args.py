@@ -11,7 +11,7 @@ KINDS = ["anns", "crawler", "replay"]
 # The crawler's defaults (retriever_svc.crawler.CrawlerSettings uses these too).
 SEARCH_AT_START_SITE = "auto"          # --search-url: /search on the first start URL's site
 CRAWLER_SEEDS = 5
-CRAWLER_MIN_RELEVANCE = 0.25           # calibrated in docs/benchmarks.md (retrieval quality)
+CRAWLER_MIN_RELEVANCE = 0.25           # calibrated in docs/results.md (retrieval quality)
 CRAWLER_MAX_PAGES = 30
 CRAWLER_MAX_DEPTH = 2
 

@@ -8,7 +8,7 @@
 #   (default: all but anns-t10, a sensitivity check, and the peer and *-vllm steps, which need vLLM:
 #   SR=/opt/vllm-venv/bin/streamrag, docs/vllm.md). SEED=S sets the arrival seed (default 0).
 #
-# Scaling (docs/benchmarks.md, "Replay: the paper's evaluation"): tokens x0.05 and time x3 keep the
+# Scaling (docs/results.md, "Streaming against not streaming"): tokens x0.05 and time x3 keep the
 # paper's ratios of prefill time to retrieval time and of step time to chunk gap on this CPU and
 # the embedded model; the QPS levels are the paper's divided by 3 (same utilisation); the token
 # budget per step is the paper's 2048-8192 x 0.05, a block multiple. About 85 minutes in all

@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from inference_svc.embedded_model import add_model_prepare_args
 from inference_svc.server_args import add_inference_args
 from orchestrator.server_args import add_orchestrator_args
 from retriever_svc.corpus.index import add_index_build_args
@@ -53,7 +54,7 @@ SERVICE_MODULES = {
     "retriever_svc.server": add_retriever_args,
     "inference_svc.server": add_inference_args,
     "orchestrator.server": add_orchestrator_args,
-    "inference_svc.embedded_model": None,
+    "inference_svc.embedded_model": add_model_prepare_args,
     "retriever_svc.corpus.index": add_index_build_args,
 }
 
@@ -62,10 +63,7 @@ def cli_args(argv: list[str]) -> argparse.Namespace:
     """The command as its service module would parse it (fails the test if it would not)."""
     assert argv[:2] == ["python", "-m"] and argv[2] in SERVICE_MODULES, argv
     parser = argparse.ArgumentParser()
-    if SERVICE_MODULES[argv[2]] is not None:
-        SERVICE_MODULES[argv[2]](parser)
-    else:
-        parser.add_argument("--quiet", action="store_true")
+    SERVICE_MODULES[argv[2]](parser)
     try:
         return parser.parse_args(argv[3:])
     except SystemExit:

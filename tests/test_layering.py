@@ -2,7 +2,9 @@
 
 Every `import` / `from ... import` in each top-level package (module level or inside a
 function, which is where the CLI's lazy imports live) is read with `ast`, so a new upward
-import fails here before it becomes a cycle.
+import fails here before it becomes a cycle. Inside `inference_svc` the same holds room by
+room (engine ← rpc ← native, vllm_backend ← server), and no two of its modules import each
+other, directly or round a longer loop.
 """
 
 from __future__ import annotations
@@ -15,7 +17,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("protos", "servicekit", "inference_svc", "retriever_svc", "orchestrator", "load_tests", "streamrag")
+PACKAGES = ("protos", "servicekit", "inference_svc", "retriever_svc", "orchestrator", "gateway", "load_tests",
+            "streamrag")
 # What each package may import (besides itself): the graph drawn in docs/architecture.md.
 ALLOWED = {
     "protos": set(),
@@ -23,33 +26,113 @@ ALLOWED = {
     "inference_svc": {"protos", "servicekit"},
     "retriever_svc": {"protos", "servicekit"},
     "orchestrator": {"protos", "servicekit"},
+    "gateway": {"protos", "servicekit"},
     "load_tests": {"protos", "servicekit", "inference_svc", "retriever_svc", "orchestrator"},
     "streamrag": {"protos", "servicekit", "inference_svc", "retriever_svc", "orchestrator", "load_tests"},
 }
+
+
+# What each room of inference_svc may import of inference_svc (besides itself). The modules at the
+# top (server, server_args, launch, options, embedded_model, profiling) start and serve the rooms.
+INFERENCE_ROOMS = {
+    "engine": set(),
+    "rpc": {"engine", "options"},
+    "native": {"engine", "rpc", "options"},
+    "vllm_backend": {"engine", "rpc", "options"},
+}
+
+
+def imported_names(path: Path) -> set[str]:
+    """Every module name an absolute import in `path` may load: `from a.b import c` gives a.b and a.b.c."""
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names.add(node.module)
+            names.update(f"{node.module}.{alias.name}" for alias in node.names)
+    return names
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
 def imported_packages(package: str) -> dict[str, set[str]]:
     """{imported top-level package: {files importing it}} for one package's own files."""
     found: dict[str, set[str]] = {}
     for path in sorted((ROOT / package).rglob("*.py")):
-        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
-            if isinstance(node, ast.Import):
-                names = [alias.name for alias in node.names]
-            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-                names = [node.module]
-            else:
-                continue
-            for name in names:
-                top = name.split(".")[0]
-                if top in PACKAGES and top != package:
-                    found.setdefault(top, set()).add(str(path.relative_to(ROOT)))
+        for name in imported_names(path):
+            top = name.split(".")[0]
+            if top in PACKAGES and top != package:
+                found.setdefault(top, set()).add(str(path.relative_to(ROOT)))
     return found
+
+
+def import_graph(package: str) -> dict[str, set[str]]:
+    """{module: {modules of the same package it imports}}, lazy imports included."""
+    modules = {module_name(path): path for path in sorted((ROOT / package).rglob("*.py"))}
+    return {name: {n for n in imported_names(path) if n in modules and n != name} for name, path in modules.items()}
+
+
+def import_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan's algorithm)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    cycles: list[list[str]] = []
+
+    def visit(module: str) -> None:
+        index[module] = low[module] = len(index)
+        stack.append(module)
+        for other in sorted(graph[module]):
+            if other not in index:
+                visit(other)
+                low[module] = min(low[module], low[other])
+            elif other in stack:
+                low[module] = min(low[module], index[other])
+        if low[module] == index[module]:
+            component = []
+            while (other := stack.pop()) != module:
+                component.append(other)
+            if component:
+                cycles.append(sorted([module, *component]))
+
+    for module in sorted(graph):
+        if module not in index:
+            visit(module)
+    return cycles
 
 
 @pytest.mark.parametrize("package", PACKAGES)
 def test_no_package_imports_one_above_it(package: str):
     upward = {top: files for top, files in imported_packages(package).items() if top not in ALLOWED[package]}
     assert not upward, f"{package} imports packages above it: {upward}"
+
+
+def test_no_inference_svc_modules_import_each_other_round_a_loop():
+    """Not server <-> launch (a cycle once), nor any longer loop, lazy imports included."""
+    graph = import_graph("inference_svc")
+    assert "inference_svc.launch" not in graph["inference_svc.server"]
+    assert not import_cycles(graph), f"import cycles in inference_svc: {import_cycles(graph)}"
+
+
+def test_the_cycle_finder_finds_a_cycle():
+    assert import_cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+@pytest.mark.parametrize("room", sorted(INFERENCE_ROOMS))
+def test_each_inference_svc_room_imports_only_the_rooms_below_it(room: str):
+    """The engine imports no service package; rpc (shared by both backends) neither backend; the
+    backends not each other."""
+    upward = {}
+    for path in sorted((ROOT / "inference_svc" / room).rglob("*.py")):
+        for name in imported_names(path):
+            parts = name.split(".")
+            if parts[0] == "inference_svc" and len(parts) > 1 and parts[1] not in {room, *INFERENCE_ROOMS[room]}:
+                upward.setdefault(parts[1], set()).add(str(path.relative_to(ROOT)))
+    assert not upward, f"inference_svc/{room} imports rooms above it: {upward}"
 
 
 def test_the_cli_lives_in_streamrag_and_the_orchestrator_is_the_service_alone():

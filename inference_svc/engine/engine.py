@@ -121,6 +121,22 @@ class EngineCounters:
     accepted_draft_tokens: int = 0      # drafted tokens accepted (emitted)
 
 
+@dataclass(frozen=True)
+class StepStats:
+    """What the last step did (`Engine.last_step`): replaced as a whole after each step, never
+    changed in place, so a reader on another thread sees one step's figures or the next's."""
+
+    tokens: int = 0                     # tokens computed, drafts included (0: nothing could run)
+    depths: tuple[int, ...] = ()        # the draft depth of each request that verified a draft
+    decode_tokens: int = 0              # tokens computed for decoding requests, drafts included
+    emitted: int = 0                    # tokens emitted (sampled or accepted)
+
+    @property
+    def draft_tokens(self) -> int:
+        """Drafted tokens verified."""
+        return sum(self.depths)
+
+
 class Engine:
     def __init__(self, runner: Runner, tokenizer: SegmentTokenizer, config: EngineConfig = EngineConfig(),
                  cost_model: CostModel | None = None, clock: Callable[[], float] = time.monotonic) -> None:
@@ -145,11 +161,7 @@ class Engine:
         self._outputs: dict[str, OutputText] = {}
         self._speculation: dict[str, RequestSpeculation] = {}
         self._events: list[EngineEvent] = []
-        self.last_step_tokens = 0     # tokens the last step computed, drafts included (0: nothing could run)
-        self.last_step_draft_tokens = 0
-        self.last_step_depths: list[int] = []   # draft depths verified in the last step (for metrics)
-        self.last_step_decode_tokens = 0   # tokens the last step computed for decoding requests, drafts included
-        self.last_step_emitted = 0         # tokens the last step emitted (sampled or accepted)
+        self.last_step = StepStats()
         self.step_log = StepLog.from_env()  # STREAMRAG_STEP_LOG: one line per step (step_log.py)
 
     # --- caller input ---------------------------------------------------------------
@@ -281,12 +293,10 @@ class Engine:
                 (self.runner.swap_out if direction is BlockMove.OUT else self.runner.swap_in)(pairs)
             blocks = sum(len(pairs) for _, pairs in out.block_moves)
             self.cost_model.observe_swap(blocks, (time.perf_counter() - started) * 1e3)
-        self.last_step_decode_tokens = self.last_step_emitted = 0
-        if out.chunks:
-            self._run(out)
-        self.last_step_tokens = out.num_tokens
-        self.last_step_depths = [len(chunk.draft) for chunk in out.chunks if chunk.draft]
-        self.last_step_draft_tokens = sum(self.last_step_depths)
+        decode_tokens = sum(c.num_tokens for c in out.chunks if c.request.is_decoding)   # before tokens are taken
+        emitted = self._run(out) if out.chunks else 0
+        self.last_step = StepStats(tokens=out.num_tokens, depths=tuple(len(c.draft) for c in out.chunks if c.draft),
+                                   decode_tokens=decode_tokens, emitted=emitted)
         self.counters.steps += 1
         if self.step_log is not None and out.chunks:
             self._log_step(started_wall, (time.perf_counter() - started) * 1e3, out)
@@ -303,7 +313,8 @@ class Engine:
                             tokens_partial=out.num_tokens - tokens_complete, complete_not_scheduled=waiting,
                             preempted=len(out.preempted), free_blocks=self.scheduler.pools()[0].num_free)
 
-    def _run(self, out: SchedulerOutput) -> None:
+    def _run(self, out: SchedulerOutput) -> int:
+        """Run the step's chunks and take their tokens; returns how many tokens it emitted."""
         inputs = []
         for chunk in out.chunks:
             request = chunk.request
@@ -329,8 +340,6 @@ class Engine:
         self._note_confidence(plain)
         for chunk, rows in verifying:
             emitted[id(chunk)] = self._verify(chunk, rows)
-        self.last_step_emitted = sum(len(tokens) for tokens in emitted.values())
-        self.last_step_decode_tokens = sum(c.num_tokens for c in out.chunks if c.request.is_decoding)
         for chunk in out.chunks:
             request = chunk.request
             computed = chunk.num_tokens - len(chunk.draft)
@@ -355,6 +364,7 @@ class Engine:
                 self._accept_token(chunk.request, token)
             if chunk.draft and not chunk.request.is_finished:
                 self.scheduler.note_computed(chunk.request)   # now that the accepted tokens are its tokens
+        return sum(len(tokens) for tokens in emitted.values())
 
     @staticmethod
     def _note_confidence(plain: list[tuple[ScheduledChunk, torch.Tensor]]) -> None:
@@ -392,13 +402,14 @@ class Engine:
             return {}
         num_auto = sum(1 for r in decoding if self._speculation[r.request_id].controller.fixed_depth is None)
         share = max(1, self.config.draft_budget // max(num_auto, 1))
-        load = (self.last_step_tokens - self.last_step_draft_tokens) / self.config.token_budget
+        last = self.last_step
+        load = (last.tokens - last.draft_tokens) / self.config.token_budget
         drafts = {}
         for request in decoding:
             room = min(request.sampling.max_tokens - len(request.output_token_ids),
                        self.max_sequence_tokens - request.num_tokens) - 1
             draft = self._speculation[request.request_id].draft(request.token_ids, room, load, share,
-                                                                self.last_step_emitted, self.last_step_decode_tokens)
+                                                                last.emitted, last.decode_tokens)
             if draft:
                 drafts[request.request_id] = draft
         return drafts

@@ -4,7 +4,8 @@ Torch-free, so argparse (`streamrag serve inference`, `up`, `bench replay`) impo
 without loading the engine, and the engine's own dataclasses (`EngineConfig`,
 `SchedulerConfig`, `EngineSpec`) and the vLLM backend's `VllmSpec` take their defaults from
 here. tests/service/test_inference_cli.py checks that `POLICY_CHOICES` names exactly the
-policies in `policies.POLICIES`.
+policies in `policies.POLICIES`. The service's own defaults (backend, open calls and sessions)
+are in `inference_svc.options`.
 """
 
 from __future__ import annotations
@@ -14,13 +15,11 @@ import re
 DTYPE_CHOICES = ("auto", "bfloat16", "float32", "float16")
 POLICY_CHOICES = ("default", "fcfs", "lcas", "mcps", "klpm")
 EVICTION_CHOICES = ("recompute", "swap", "cost")
-BACKEND_CHOICES = ("native", "vllm")
 
 DEFAULT_DEVICE = "cpu"
 DEFAULT_DTYPE = "auto"              # bfloat16 on CUDA and CPUs with native bf16, else float32 (servicekit.hardware)
 DEFAULT_POLICY = "fcfs"             # complete prompts first, then partial ones (streaming-aware)
 DEFAULT_EVICTION = "cost"           # recompute or swap, whichever the cost model says is cheaper
-DEFAULT_BACKEND = "native"
 DEFAULT_BLOCK_SIZE = 16             # tokens per KV block (native engine)
 DEFAULT_TOKEN_BUDGET = 2048         # tokens per engine step (prefill chunks + decodes)
 DEFAULT_MAX_RUNNING = 256           # requests holding KV at once
@@ -29,8 +28,8 @@ DEFAULT_MAX_RUNNING = 256           # requests holding KV at once
 # prompt that becomes complete waits behind at most half a step of it ...
 DEFAULT_SPECULATIVE_SHARE = 0.5
 # ... and at most this share of prefill of append-mode prompts, which no refinement replaces: done ahead,
-# it is work the prompt needs anyway (the crawler's tail gained from 1.0 and ANNS's lost: benchmarks.md,
-# "Streaming never loses, session 11") ...
+# it is work the prompt needs anyway (the crawler's tail gained from 1.0 and ANNS's lost: docs/results.md,
+# "Streaming against not streaming") ...
 DEFAULT_SPECULATIVE_APPEND_SHARE = 1.0
 # ... and at least this share while complete prompts saturate the budget, so partial prompts still progress.
 DEFAULT_SPECULATIVE_RESERVE_SHARE = 0.0625
@@ -52,7 +51,7 @@ def speculative_share_arg(text: str) -> float | None:
 
 # Speculative decoding drafted from the request's own tokens (speculation.py): "off", "auto" (depth
 # adapted per request from its acceptance and the engine's load) or a fixed depth k in
-# [0, MAX_SPECULATION_DEPTH] ("0" is off). Default auto, from the decode benchmark (docs/benchmarks.md):
+# [0, MAX_SPECULATION_DEPTH] ("0" is off). Default auto, from the decode benchmark (docs/results.md):
 # on RAG answers it was 1.1-3.1x off at concurrency 1, 4 and 16; on text that does not quote,
 # 0.93-1.18x (median 0.97-1.13x), where fixed k = 8 fell to 0.73x under load. No fixed k did both.
 SPECULATION_MODES = ("off", "auto")
@@ -83,5 +82,3 @@ def speculation_arg(text: str) -> str:
 
 
 DEFAULT_KV_CPU_BLOCKS = 2048        # the swap pool
-DEFAULT_MAX_STREAMS = 256           # open StreamPrompt/Generate calls per service
-DEFAULT_MAX_SESSIONS = 16           # open sessions per inference service (the Sessions service)

@@ -88,7 +88,7 @@ class DepthSettings:
     # What computing one more token in a step costs, as a share of a decode step's fixed cost
     # (reading the weights): measured with `streamrag bench decode --verify-cost` on cpu-2c (bf16
     # SmolLM2-135M, 768 cached tokens, batches 1/4/16, k 0-16): step ~ 76 ms + 2.9 ms per token,
-    # 0.0384 (docs/benchmarks.md). auto_depth scales it by the batch's last step.
+    # 0.0384 (docs/results.md, "Speculative decoding"). auto_depth scales it by the batch's last step.
     cost_ratio: float = 0.0384
     ema_weight: float = 0.3         # weight of the newest verification in the acceptance EMAs
     probe_every: int = 16           # while no depth pays (acceptance collapsed): a probe every this many steps

@@ -39,7 +39,7 @@ CPU_BLOCK_MULTIPLE = 32
 # The block size this backend asks for on the CPU when --block-size is not given (vLLM's own CPU default is
 # 128). An update that changes submitted tokens resubmits the prompt, and vLLM's prefix cache reuses the
 # common prefix in whole blocks, so the smallest block the CPU attention takes recomputes the least
-# (ANNS trace, 3 seeds: docs/benchmarks.md "vLLM with our policies, session 14"). On CUDA vLLM's default
+# (ANNS trace, 3 seeds: docs/vllm.md, `--block-size`). On CUDA vLLM's default
 # (16) is already small and stays.
 DEFAULT_CPU_BLOCK_SIZE = CPU_BLOCK_MULTIPLE
 # vLLM's n-gram speculation has one fixed depth for the whole engine: "auto" runs at this one.

@@ -4,7 +4,7 @@ A streaming-input session keeps its KV blocks between turns (vLLM's `WAITING_FOR
 and vLLM's scheduler never preempts such a session: it preempts only running requests. With a small
 KV pool and many sessions open, the idle sessions can hold every block while the requests that have
 work wait for blocks that never come: no request runs, every step is empty, and nothing finishes
-until the callers' deadlines (docs/vllm-bench/pressure-deadlock/: 22 requests waiting, 0 running,
+until the callers' deadlines (docs/results.md, "Memory pressure": 22 requests waiting, 0 running,
 1 of 66 blocks free, 225,000 empty steps).
 
 `IdleSessionEvictor` watches for that stall from the backend's side, where both halves are known:
@@ -17,7 +17,7 @@ evictions in a run whose pool never fell below 253 free blocks of 364). Any pend
 does not fit counts, not only the smallest: vLLM's scheduler stops at the first waiting request it
 cannot allocate blocks for, so smaller work ranked behind it waits too (with a check on the smallest
 need, a stall behind one large turn went unseen: a possible cause, not confirmed, of the pressure
-stall of seed 0 in docs/benchmarks.md, "vLLM with our policies, session 11"). The victim is the idle
+stall of seed 0 in docs/results.md, "Not measured yet"). The victim is the idle
 session our policy ranks last (the same `PolicyRanker` and policy definitions the scheduler class
 uses; fcfs: the newest partial prompt). Eviction ends the session's vLLM request
 (its blocks go back to the pool, still hashed for the prefix cache); its next chunk, or `finish`,

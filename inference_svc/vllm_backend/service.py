@@ -9,11 +9,13 @@ from pathlib import Path
 
 import torch
 
-from inference_svc.chat_format import chat_format
 from inference_svc.engine.factory import load_tokenizer
 from inference_svc.engine.policies import make_policy
 from inference_svc.engine.tokenization import SegmentTokenizer
-from inference_svc.metrics import InferenceMetrics
+from inference_svc.options import DEFAULT_MAX_STREAMS
+from inference_svc.rpc.chat_format import chat_format
+from inference_svc.rpc.metrics import InferenceMetrics
+from inference_svc.rpc.servicer import SERVICE_NAME
 from inference_svc.vllm_backend.config import VllmSpec
 from inference_svc.vllm_backend.engine import start_engine
 from inference_svc.vllm_backend.pressure import IdleSessionEvictor
@@ -25,7 +27,6 @@ from servicekit.config import ServiceConfig
 from servicekit.server import ServiceRunner
 
 log = logging.getLogger(__name__)
-SERVICE_NAME = inference_pb2.DESCRIPTOR.services_by_name["Inference"].full_name
 
 
 def eos_token_ids(model_dir: Path, tokenizer) -> tuple[int, ...]:
@@ -50,9 +51,9 @@ def kv_bytes_per_block(hf_config, block_size: int, dtype: str) -> int:
 
 
 class VllmInferenceService:
-    """Same surface as `inference_svc.server.InferenceService` (start/stop/runner)."""
+    """Same surface as `native.service.NativeInferenceService` (start/stop/runner)."""
 
-    def __init__(self, spec: VllmSpec, config: ServiceConfig, max_streams: int = 256) -> None:
+    def __init__(self, spec: VllmSpec, config: ServiceConfig, max_streams: int = DEFAULT_MAX_STREAMS) -> None:
         self.spec = spec
         self.llm, counters = start_engine(spec)
         tokenizer = load_tokenizer(spec.model_dir)

@@ -8,8 +8,9 @@ from collections.abc import Callable
 
 from inference_svc.engine.request import Segment
 from inference_svc.engine.sampler import SamplingParams
-from inference_svc.metrics import InferenceMetrics
-from inference_svc.servicer import StreamServicerBase
+from inference_svc.options import DEFAULT_MAX_STREAMS
+from inference_svc.rpc.metrics import InferenceMetrics
+from inference_svc.rpc.servicer import StreamServicerBase
 from inference_svc.vllm_backend.prompt import StreamedPrompt
 from inference_svc.vllm_backend.session import VllmRequest
 from inference_svc.vllm_backend.stats import StatsSource
@@ -19,7 +20,7 @@ from protos import inference_pb2
 class VllmServicer(StreamServicerBase):
     def __init__(self, llm, new_prompt: Callable[[], StreamedPrompt], decode: Callable[[list[int]], str],
                  stats: StatsSource, model_info: inference_pb2.ModelInfo, metrics: InferenceMetrics,
-                 max_streams: int = 256) -> None:
+                 max_streams: int = DEFAULT_MAX_STREAMS) -> None:
         super().__init__(model_info, metrics, max_streams)
         self.llm = llm
         self.new_prompt = new_prompt

@@ -38,7 +38,7 @@ from inference_svc.engine.events import EngineEvent, EventKind
 from inference_svc.engine.output_text import OutputText
 from inference_svc.engine.request import FinishReason, RequestStats
 from inference_svc.engine.sampler import SamplingParams
-from inference_svc.engine_thread import RequestSummary
+from inference_svc.rpc.summary import RequestSummary
 from inference_svc.vllm_backend.prompt import StreamedPrompt
 from inference_svc.vllm_backend.ranking import stream_marks
 

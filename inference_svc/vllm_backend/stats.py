@@ -3,7 +3,7 @@ from its iteration stats, request counters kept by the servicer."""
 
 from __future__ import annotations
 
-from inference_svc.engine_thread import RequestSummary
+from inference_svc.rpc.summary import RequestSummary
 from inference_svc.vllm_backend.engine import VllmCounters
 from protos import inference_pb2
 

@@ -9,17 +9,8 @@ import pytest
 from inference_svc.engine.events import EventKind
 from inference_svc.engine.request import FinishReason, Segment
 from inference_svc.engine.sampler import SamplingParams
-from inference_svc.engine.sessions import (
-    DataUpdated,
-    FlashAnswer,
-    SessionClosed,
-    SessionError,
-    SessionExists,
-    SessionFormat,
-    SessionLimit,
-    SessionManager,
-    SessionNotFound,
-)
+from inference_svc.native.sessions import DataUpdated, FlashAnswer, SessionClosed, SessionFormat, SessionManager
+from inference_svc.rpc.errors import SessionError, SessionExists, SessionLimit, SessionNotFound
 from tests.engine.engine_helpers import expected_output, fake_engine
 
 FMT = SessionFormat(head_prefix="<sys>", query_suffix="<a>")

@@ -14,7 +14,7 @@ from inference_svc.engine.engine import EngineInputError
 from inference_svc.engine.events import EventKind
 from inference_svc.engine.request import Segment
 from inference_svc.engine.sampler import SamplingParams
-from inference_svc.engine.sessions import SessionLimit
+from inference_svc.rpc.errors import SessionLimit
 from tests.engine.engine_helpers import expected_output
 from tests.engine.test_sessions import FMT, leak_free, make, steps, tokens
 

@@ -14,7 +14,7 @@ import grpc
 
 from inference_svc.engine.engine import EngineConfig
 from inference_svc.engine.factory import EngineSpec
-from inference_svc.server import InferenceService
+from inference_svc.native.service import NativeInferenceService
 from protos import common_pb2, inference_pb2, inference_pb2_grpc
 from servicekit.config import ServiceConfig
 
@@ -34,7 +34,7 @@ class RunningInference:
         self.stub = inference_pb2_grpc.InferenceStub(self.channel)
 
     async def _start(self) -> int:
-        self.service = InferenceService(self.spec, ServiceConfig("inference", port=0, metrics_port=0),
+        self.service = NativeInferenceService(self.spec, ServiceConfig("inference", port=0, metrics_port=0),
                                         self.max_streams)
         return await self.service.start(handle_signals=False)
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import grpc
 
-from inference_svc.vllm_backend.launch import start_vllm_service
+from inference_svc.launch import start_vllm_service
 from protos import inference_pb2_grpc
 from tests.service.inference_harness import RunningInference
 

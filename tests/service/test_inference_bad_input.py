@@ -16,7 +16,7 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from inference_svc.convert import MAX_REQUEST_ID_CHARS, MAX_SEGMENT_CHARS, MAX_SEGMENTS_PER_MESSAGE
+from inference_svc.rpc.convert import MAX_REQUEST_ID_CHARS, MAX_SEGMENT_CHARS, MAX_SEGMENTS_PER_MESSAGE
 from protos import common_pb2, inference_pb2
 from tests.service.inference_harness import (
     Answer,

@@ -19,9 +19,9 @@ import time
 import pytest
 
 from inference_svc.engine.request import FinishReason, RequestStats
-from inference_svc.engine_thread import RequestSummary
-from inference_svc.metrics import InferenceMetrics
-from inference_svc.servicer import StreamServicerBase
+from inference_svc.rpc.metrics import InferenceMetrics
+from inference_svc.rpc.servicer import StreamServicerBase
+from inference_svc.rpc.summary import RequestSummary
 from protos import common_pb2, inference_pb2
 
 

@@ -12,7 +12,7 @@ import grpc
 import pytest
 
 from inference_svc.engine.request import Segment
-from inference_svc.engine.sessions import SessionFormat
+from inference_svc.native.sessions import SessionFormat
 from protos import common_pb2, inference_pb2, sessions_pb2, sessions_pb2_grpc
 from tests.service.inference_harness import RunningInference, collect
 

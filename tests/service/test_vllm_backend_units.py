@@ -65,8 +65,8 @@ def test_installer_leaves_transformers_to_vllm():
 
 
 def test_native_paths_do_not_import_vllm():
-    code = ("import sys; import inference_svc.server, inference_svc.engine.engine_bench, streamrag.stack.commands, "
-            "inference_svc.vllm_backend.launch; "
+    code = ("import sys; import inference_svc.server, load_tests.engine_bench, streamrag.stack.commands, "
+            "inference_svc.launch; "
             "loaded = [m for m in sys.modules if m == 'vllm' or m.startswith('vllm.') "
             "or m in ('inference_svc.vllm_backend.engine', 'inference_svc.vllm_backend.service')]; "
             "assert not loaded, loaded")

