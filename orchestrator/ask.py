@@ -8,7 +8,8 @@ baseline): wait for retrieval to end, then one `Generate` with the very same seg
 Three tasks feed one output queue that `run()` drains: the retrievers (one task each), the
 relay (retrieval → inference), and the inference reader (inference → caller). A retriever
 that fails or stalls only ends its own contribution; an inference replica that fails before
-the first token is replaced once by another replica, which is sent the prompt so far.
+the first token is replaced once by another replica, which is sent the prompt so far (which
+statuses do what, and why: failures.py).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from dataclasses import dataclass, field
 import grpc
 
 from orchestrator.documents import MergedDocuments
+from orchestrator.failures import ask_fails_over, retriever_refused_question, streamed_ask_status
 from orchestrator.prompt import document_segment, head_segments, preamble_key, suffix_segments
 from orchestrator.router import NoReplicaAvailable
 from protos import common_pb2, inference_pb2, orchestrator_pb2, retriever_pb2, retriever_pb2_grpc
@@ -41,12 +43,6 @@ DEFAULT_TOP_K = 5
 DEFAULT_DEADLINE_MS = 20_000
 DEFAULT_MAX_TOKENS = 128
 MAX_QUESTION_CHARS = 2000
-# An inference call that ends with one of these before the first token moves to another replica, once.
-RETRYABLE_CODES = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN})
-# A retriever answering one of these refused the question itself (an unknown or malformed collection, a
-# collection that cannot be searched): the Ask fails with the same status instead of answering without context.
-CALLER_ERRORS = frozenset({grpc.StatusCode.NOT_FOUND, grpc.StatusCode.INVALID_ARGUMENT,
-                           grpc.StatusCode.FAILED_PRECONDITION})
 
 
 class BadAsk(ValueError):
@@ -206,14 +202,14 @@ class AskPipeline:
         self.replica = self.router.choose(preamble_key())
         try:
             return await self.chat_formats(self.replica)
-        except grpc.RpcError as exc:      # any failure to describe itself: the replica is unusable
+        except grpc.RpcError as exc:      # any failure to describe itself: the replica is unusable (failures.py)
             await self._fail_over(exc, record=False)     # the request is not in the store yet
             return await self.chat_formats(self.replica)
 
     async def _fail_over(self, exc: grpc.RpcError, record: bool = True) -> None:
         """Mark the current replica failed, move to another and record why. Raises
-        `AskFailed(UNAVAILABLE)` when no replica is left. The one failover rule of an Ask:
-        callers allow it once (`_may_fail_over`), and only before the first token."""
+        `AskFailed(UNAVAILABLE)` when no replica is left. Callers allow it once, and only before
+        the first token (`_may_fail_over`; which statuses fail over, and why: failures.py)."""
         failed = self.replica.address
         self.router.mark_failed(failed)
         try:
@@ -228,7 +224,7 @@ class AskPipeline:
             await self.store.update(self.s.request_id, replica=self.replica.address)
 
     def _may_fail_over(self, exc: grpc.RpcError, retried: bool) -> bool:
-        return exc.code() in RETRYABLE_CODES and not retried and self.timeline.first_token is None
+        return ask_fails_over(exc.code()) and not retried and self.timeline.first_token is None
 
     # --- retrieval ----------------------------------------------------------------------
     async def _retrieve(self, name: str, retrieval: asyncio.Queue) -> None:
@@ -244,7 +240,7 @@ class AskPipeline:
         except asyncio.CancelledError:
             raise
         except grpc.RpcError as exc:
-            if exc.code() in CALLER_ERRORS:   # the question named a bad collection: no answer without it
+            if retriever_refused_question(exc.code()):   # e.g. a bad collection: no answer without it
                 await self.out.put(AskFailed(exc.code(), f"retriever {name}: {exc.details()}"))
                 return
             await self._retrieval_failed(name, exc.details())
@@ -322,8 +318,8 @@ class AskPipeline:
                 raise
             except grpc.RpcError as exc:
                 if not self._may_fail_over(exc, retried):
-                    code = grpc.StatusCode.UNAVAILABLE if exc.code() in RETRYABLE_CODES else exc.code()
-                    await self.out.put(AskFailed(code, f"inference failed: {exc.details()}"))
+                    await self.out.put(AskFailed(streamed_ask_status(exc.code()),
+                                                 f"inference failed: {exc.details()}"))
                     return
                 retried = True
                 try:
@@ -350,7 +346,7 @@ class AskPipeline:
                         await self._on_inference_event(response.event)
                     return
                 except grpc.RpcError as exc:
-                    if not self._may_fail_over(exc, retried):
+                    if not self._may_fail_over(exc, retried):   # the status as the replica gave it
                         await self.out.put(AskFailed(exc.code(), f"inference failed: {exc.details()}"))
                         return
                     retried = True

@@ -5,14 +5,14 @@ session directory (Redis); every later call reads the directory and is forwarded
 ingest batch is also appended to the directory, and each Flash Query recorded, so the session
 can be rebuilt.
 
-Replica failure (the choice, see docs/sessions.md): when the replica holding a session is
-unreachable, or answers NOT_FOUND for a session the directory still holds (it restarted), the
-session is rebuilt on another replica from the directory — created again with the same id,
-instructions and retention, each kept batch ingested again as its own batch (so data versions
-stay the same), its Flash Queries registered again — and the call is retried once. A query
-already streaming its answer when the replica dies ends UNAVAILABLE (no token is sent twice);
-Subscribe resubscribes on the new replica and carries on. With no replica left, the call ends
-UNAVAILABLE and says which replica was lost.
+Replica failure (the choice, see docs/sessions.md; the statuses and why, failures.py): when the
+replica holding a session is unreachable, or answers NOT_FOUND for a session the directory still
+holds (it restarted), the session is rebuilt on another replica from the directory — created
+again with the same id, instructions and retention, each kept batch ingested again as its own
+batch (so data versions stay the same), its Flash Queries registered again — and the call is
+retried once. A query already streaming its answer when the replica dies ends UNAVAILABLE (no
+token is sent twice); Subscribe resubscribes on the new replica and carries on. With no replica
+left, the call ends UNAVAILABLE and says which replica was lost.
 
 Queries are also recorded in the lifecycle store like Asks (`streamrag requests` shows them), and
 session events (CREATED, INGESTED, REBUILT, CLOSED) go to its event stream of `session:<id>`.
@@ -29,6 +29,7 @@ from typing import Any
 
 import grpc
 
+from orchestrator.failures import replica_lost, session_needs_rebuild
 from orchestrator.lifecycle_store import LifecycleStore, StoreUnavailable
 from orchestrator.router import NoReplicaAvailable, ReplicaRouter
 from orchestrator.session_directory import SessionDirectory, SessionRecord
@@ -41,10 +42,6 @@ RPC_TIMEOUT_S = 120.0
 
 class ReplicaLost(Exception):
     """The session's replica is gone and no other could take the session."""
-
-
-def _lost(exc: grpc.RpcError) -> bool:
-    return exc.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
 
 
 class SessionsProxy(sessions_pb2_grpc.SessionsServicer):
@@ -228,8 +225,9 @@ class SessionsProxy(sessions_pb2_grpc.SessionsServicer):
         await self._directory(context, self.directory.add_batch(batch.session_id, texts, data_version))
 
     def _needs_rebuild(self, exc: grpc.RpcError, record: SessionRecord) -> bool:
-        """Lost replica, or a replica that no longer knows a session the directory holds (it restarted)."""
-        return _lost(exc) or (exc.code() is grpc.StatusCode.NOT_FOUND and "no session" in (exc.details() or ""))
+        """Lost replica, or a replica that no longer knows a session the directory holds (it restarted);
+        the statuses and why: failures.py."""
+        return session_needs_rebuild(exc.code(), exc.details())
 
     async def _rebuild_or_abort(self, context, record: SessionRecord, cause: grpc.RpcError) -> SessionRecord:
         try:
@@ -248,11 +246,11 @@ class SessionsProxy(sessions_pb2_grpc.SessionsServicer):
                 raise ReplicaLost(f"session {record.session_id!r} was closed")
             if current.replica != record.replica:      # another call rebuilt it meanwhile
                 return current
-            if _lost(cause):
+            if replica_lost(cause.code()):
                 self.router.mark_failed(record.replica, f"session call failed: {cause.details()}")
             try:
                 replica = self.router.choose(f"session:{record.session_id}",
-                                             exclude={record.replica} if _lost(cause) else set())
+                                             exclude={record.replica} if replica_lost(cause.code()) else set())
             except NoReplicaAvailable as exc:
                 raise ReplicaLost(f"session {record.session_id!r}: its replica {record.replica} is lost "
                                   f"({cause.details()}) and no replica can take it over: {exc}") from exc
@@ -273,7 +271,7 @@ class SessionsProxy(sessions_pb2_grpc.SessionsServicer):
                         session_id=record.session_id, question=question, max_tokens=max_tokens),
                         timeout=RPC_TIMEOUT_S)
             except grpc.RpcError as exc:
-                if _lost(exc):
+                if replica_lost(exc.code()):
                     self.router.mark_failed(replica.address, f"session rebuild failed: {exc.details()}")
                 with contextlib.suppress(grpc.RpcError):   # leave nothing half-built behind
                     await stub.CloseSession(sessions_pb2.CloseSessionRequest(session_id=record.session_id),

@@ -9,14 +9,9 @@ import argparse
 import json
 import random
 
-from load_tests.sessions_bench import (
-    METRICS,
-    LogFeed,
-    add_bench_sessions_args,
-    format_table,
-    log_lines,
-    run_bench_sessions,
-)
+from load_tests.sessions.summary import METRICS, format_table
+from load_tests.sessions.workload import LogFeed, log_lines
+from load_tests.sessions_bench import add_bench_sessions_args, run_bench_sessions
 
 
 def test_the_log_is_deterministic_per_seed_and_segments_add_up_to_about_the_asked_tokens():

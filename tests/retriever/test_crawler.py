@@ -22,7 +22,6 @@ import pytest
 from crawl4ai import CrawlerRunConfig
 
 from protos import common_pb2, retriever_pb2, retriever_pb2_grpc
-from retriever_svc import crawler
 from retriever_svc.corpus_server import CorpusServer
 from retriever_svc.crawler import (
     DEFAULT_START_URL,
@@ -32,6 +31,7 @@ from retriever_svc.crawler import (
     CrawlThread,
     PolicyHTTPStrategy,
     build_backend,
+    crawl_thread,
     document_id,
 )
 from retriever_svc.server_args import add_retriever_args
@@ -307,7 +307,7 @@ async def test_a_crawl_that_swallows_a_cancellation_is_cancelled_again(monkeypat
                     raise
                 swallowed.append(True)   # as Python 3.11's wait_for does when its future completes meanwhile
 
-    monkeypatch.setattr(crawler, "crawl_documents", stubborn_crawl)
+    monkeypatch.setattr(crawl_thread, "crawl_documents", stubborn_crawl)
     settings = CrawlerSettings(start_urls=("http://127.0.0.1:1/",), work_dir=tmp_path)
     crawl = CrawlThread(settings, UrlPolicy.for_start_urls(settings.start_urls), "query")
     crawl.start()
