@@ -14,19 +14,24 @@ from orchestrator.servicer import OrchestratorServicer
 from orchestrator.session_directory import SessionDirectory
 from orchestrator.sessions_servicer import SessionsProxy
 from protos import orchestrator_pb2, orchestrator_pb2_grpc, retriever_pb2_grpc, sessions_pb2, sessions_pb2_grpc
+from servicekit.auth import ApiKeyInterceptor, ApiKeys, load_api_keys
 from servicekit.config import DEFAULT_PORTS, ServiceConfig, service_config_from_args
 from servicekit.server import ServiceRunner, configure_logging
+from servicekit.tls import TlsFiles, tls_from_args
 
 SERVICE_NAME = orchestrator_pb2.DESCRIPTOR.services_by_name["Orchestrator"].full_name
 SESSIONS_SERVICE_NAME = sessions_pb2.DESCRIPTOR.services_by_name["Sessions"].full_name
 
 
 class OrchestratorService:
-    """Store + router + retriever channels + servicer + gRPC server, started and stopped as one."""
+    """Store + router + retriever channels + servicer + gRPC server, started and stopped as one.
+
+    With `api_keys`, every RPC but health checks needs `authorization: Bearer KEY`; with `tls`,
+    the port serves TLS (mutual when `tls.ca` is set)."""
 
     def __init__(self, config: ServiceConfig, *, redis_url: str, inference: list[str], retrievers: dict[str, str],
                  ttl_s: int = 86400, weights: tuple[float, ...] = (0.4, 0.1, 0.3, 0.2),
-                 router_refresh_s: float = 1.0) -> None:
+                 router_refresh_s: float = 1.0, api_keys: tuple[str, ...] = (), tls: TlsFiles | None = None) -> None:
         self.store = LifecycleStore(redis_url, ttl_s=ttl_s)
         self.router = ReplicaRouter(inference, weights=weights, refresh_s=router_refresh_s)
         self.channels = {name: grpc.aio.insecure_channel(address) for name, address in retrievers.items() if address}
@@ -37,7 +42,8 @@ class OrchestratorService:
         self.sessions = SessionsProxy(self.router, self.directory, self.store)
         self.runner = ServiceRunner(config, [(orchestrator_pb2_grpc.add_OrchestratorServicer_to_server, self.servicer),
                                              (sessions_pb2_grpc.add_SessionsServicer_to_server, self.sessions)],
-                                    [SERVICE_NAME, SESSIONS_SERVICE_NAME], registry=self.metrics.registry)
+                                    [SERVICE_NAME, SESSIONS_SERVICE_NAME], registry=self.metrics.registry,
+                                    interceptors=[ApiKeyInterceptor(ApiKeys(api_keys))] if api_keys else [], tls=tls)
 
     async def start(self, handle_signals: bool = True) -> int:
         await self.store.start()
@@ -66,12 +72,16 @@ def parse_weights(text: str) -> tuple[float, ...]:
 async def serve(args: argparse.Namespace) -> None:
     configure_logging(args.log_level)
     inference = args.inference or [f"127.0.0.1:{DEFAULT_PORTS['inference']}"]
+    api_keys, tls = load_api_keys(args.api_key_file), tls_from_args(args)
     service = OrchestratorService(service_config_from_args("orchestrator", args), redis_url=args.redis,
                                   inference=inference,
                                   retrievers={"anns": args.anns, "crawler": args.crawler, "replay": args.replay},
-                                  ttl_s=args.ttl, weights=parse_weights(args.router_weights))
+                                  ttl_s=args.ttl, weights=parse_weights(args.router_weights),
+                                  api_keys=api_keys, tls=tls)
     port = await service.start()
-    print(f"orchestrator on {args.host}:{port} (metrics :{service.runner.metrics_port})", flush=True)
+    served_tls = "" if tls is None or not tls.serves else ", mutual TLS" if tls.ca else ", TLS"
+    security = (", API key required" if api_keys else "") + served_tls
+    print(f"orchestrator on {args.host}:{port} (metrics :{service.runner.metrics_port}{security})", flush=True)
     await service.runner.wait()
     await service.router.stop()
     await service.store.close()

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import argparse
 
+from servicekit.auth import add_api_key_args
 from servicekit.config import DEFAULT_PORTS, add_service_args, env_default
+from servicekit.tls import add_tls_args
 
 
 def add_orchestrator_args(parser: argparse.ArgumentParser) -> None:
@@ -23,3 +25,5 @@ def add_orchestrator_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--router-weights", default=env("router_weights", "0.4,0.1,0.3,0.2"),
                         help="FlowGuard weights: locality,memory,queue,load")
     parser.add_argument("--log-level", default=env("log_level", "INFO"))
+    add_api_key_args(parser, "orchestrator")
+    add_tls_args(parser, "orchestrator")

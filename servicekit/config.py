@@ -21,6 +21,7 @@ DEFAULT_PORTS: dict[str, int] = {
     "crawler": 50062,
     "corpus": 8765,
     "redis": 6379,
+    "gateway": 8000,   # HTTP (the OpenAI-compatible gateway; its /metrics are on the same port)
 }
 # Metrics listen on 9100 + a fixed offset per service so a whole local stack never collides.
 METRICS_BASE_PORT = 9100

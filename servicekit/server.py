@@ -3,7 +3,9 @@
 One call gives a service: its servicers, `grpc.health.v1` health checking (per service name
 and overall), server reflection, a Prometheus metrics HTTP endpoint, graceful shutdown
 on SIGTERM/SIGINT (health flips to NOT_SERVING, in-flight RPCs get `grace_s` to finish), and
-INVALID_ARGUMENT for request bytes that do not parse (`RejectUndecodableRequests`).
+INVALID_ARGUMENT for request bytes that do not parse (`RejectUndecodableRequests`). Optional:
+more interceptors (run first, e.g. `servicekit.auth.ApiKeyInterceptor`) and TLS on the port
+(`servicekit.tls.TlsFiles`: mutual when it names a CA).
 
     runner = ServiceRunner(config, [(inference_pb2_grpc.add_InferenceServicer_to_server, servicer)],
                            [inference_pb2.DESCRIPTOR.services_by_name["Inference"].full_name])
@@ -27,6 +29,7 @@ from grpc_reflection.v1alpha import reflection
 from prometheus_client import REGISTRY, CollectorRegistry, start_http_server
 
 from servicekit.config import ServiceConfig
+from servicekit.tls import TlsFiles
 
 log = logging.getLogger(__name__)
 
@@ -122,8 +125,11 @@ class ServiceRunner:
         *,
         registry: CollectorRegistry = REGISTRY,
         max_message_bytes: int = MAX_MESSAGE_BYTES,
+        interceptors: Sequence[grpc.aio.ServerInterceptor] = (),
+        tls: TlsFiles | None = None,
     ) -> None:
         self.config = config
+        self.tls = tls
         self.service_names = list(service_names)
         self.health = health.aio.HealthServicer()
         self.registry = registry
@@ -131,7 +137,7 @@ class ServiceRunner:
         self._metrics_httpd = None
         self.port: int | None = None
         self.metrics_port: int | None = None
-        self.server = grpc.aio.server(interceptors=[RejectUndecodableRequests()], options=[
+        self.server = grpc.aio.server(interceptors=[*interceptors, RejectUndecodableRequests()], options=[
             ("grpc.max_receive_message_length", max_message_bytes),
             ("grpc.max_send_message_length", max_message_bytes),
         ])
@@ -146,7 +152,10 @@ class ServiceRunner:
 
     async def start(self, *, handle_signals: bool = True) -> int:
         """Bind, start serving and mark every service SERVING. Returns the bound gRPC port."""
-        self.port = self.server.add_insecure_port(self.config.address)
+        if self.tls is not None and self.tls.serves:
+            self.port = self.server.add_secure_port(self.config.address, self.tls.server_credentials())
+        else:
+            self.port = self.server.add_insecure_port(self.config.address)
         if self.port == 0:
             raise OSError(f"{self.config.service}: could not bind {self.config.address}")
         if self.config.metrics_port is not None:

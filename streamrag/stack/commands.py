@@ -26,7 +26,8 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-from inference_svc.engine.options import BACKEND_CHOICES, DTYPE_CHOICES, POLICY_CHOICES
+from inference_svc.engine.options import DTYPE_CHOICES, POLICY_CHOICES
+from inference_svc.options import BACKEND_CHOICES
 from servicekit.config import DEFAULT_PORTS
 from servicekit.health import check_health
 from streamrag.stack.plan import (

@@ -18,7 +18,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
-from inference_svc.engine.options import DEFAULT_BACKEND, DEFAULT_DEVICE, DEFAULT_DTYPE, DEFAULT_POLICY
+from inference_svc.engine.options import DEFAULT_DEVICE, DEFAULT_DTYPE, DEFAULT_POLICY
+from inference_svc.options import DEFAULT_BACKEND
 from servicekit.config import DEFAULT_PORTS, default_cache_dir, metrics_port_for
 
 HOST = "127.0.0.1"

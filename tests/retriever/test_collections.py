@@ -663,3 +663,41 @@ def test_sigkill_during_add_files_loses_no_acknowledged_file_and_leaves_none_hal
         if channel is not None:
             channel.close()
         second.kill()
+
+
+# ---------------------------------------------------------------- the default index building in the background
+
+async def test_the_default_collection_answers_unavailable_with_progress_while_it_builds(tiny_index, tmp_path):
+    release = threading.Event()
+
+    def build(report) -> AnnsIndex:
+        report("embed 1024/14781 passages")
+        release.wait(60)
+        return AnnsIndex(tiny_index)
+
+    default = DefaultCollection()
+    registry = CollectionRegistry(tmp_path / "collections", default)
+    backend = AnnsBackend(registry, schedule=SCHEDULE, beam_width=4)
+    runner, _background = build_runner(ServiceConfig(service="anns", port=0, metrics_port=None), backend)
+    port = await runner.start(handle_signals=False)
+    channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}")
+    stubs = Stubs(retriever_pb2_grpc.CollectionsStub(channel), retriever_pb2_grpc.RetrieverStub(channel))
+    try:
+        thread = default.build_in_background(build)
+        while not default.progress:
+            await asyncio.sleep(0.01)
+        error = await failure(stubs.retriever.Retrieve(pb.RetrieveRequest(query="sort a list")))
+        assert error.code() == grpc.StatusCode.UNAVAILABLE
+        assert "still building (embed 1024/14781 passages)" in error.details()
+        assert (await infos(stubs))["default"].state == "building"
+        await stubs.collections.CreateCollection(pb.CreateCollectionRequest(name="mine"))   # the others serve
+        assert (await documents(stubs, "anything", "mine")) == []
+        release.set()
+        await asyncio.to_thread(thread.join, 60)
+        assert (await infos(stubs))["default"].state == "ready"
+        assert (await documents(stubs, "How do I sort a list?", ""))[0].url == "lists.html"
+    finally:
+        release.set()
+        await channel.close()
+        await runner.stop(0)
+        registry.close()

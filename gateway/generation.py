@@ -1,0 +1,150 @@
+"""One generation on a service, as the HTTP side sees it: text pieces, then a `Finish`.
+
+`start_generation` decides where a request goes: `Orchestrator.Ask` when it wants retrieval
+(model `streamrag-rag` or a `retrieval` field), else `Inference.Generate` on a replica the
+gateway picks, with the prompt built by the endpoint for that replica's chat format.
+
+A `Generation` wraps the gRPC call. `first_output()` waits for the first token (or the end):
+an error before it is an HTTP error status; after it, the stream is already answered with 200
+and an error ends it as its last event. `cancel()` cancels the call, which is what makes the
+orchestrator abort its request and the engine free the request's KV blocks.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import grpc
+
+from gateway.errors import GatewayError, from_grpc
+from gateway.protocol import RAG_MODEL, GenerationRequest, Sampling
+from gateway.upstream import Upstream
+from protos import common_pb2, inference_pb2, orchestrator_pb2
+
+RETRIEVER_CHOICES = {"anns": orchestrator_pb2.RETRIEVER_CHOICE_ANNS,
+                     "crawler": orchestrator_pb2.RETRIEVER_CHOICE_CRAWLER,
+                     "both": orchestrator_pb2.RETRIEVER_CHOICE_BOTH}
+FINISH_REASONS = {common_pb2.FINISH_REASON_STOP: "stop", common_pb2.FINISH_REASON_LENGTH: "length"}
+REQUEST_TIMEOUT_S = 600.0
+
+
+@dataclass
+class Finish:
+    """The end of a generation: why, the token counts, and what the RAG path adds (`streamrag`)."""
+
+    reason: str
+    prompt_tokens: int
+    completion_tokens: int
+    streamrag: dict[str, Any] | None = None
+
+    def usage(self) -> dict[str, int]:
+        return {"prompt_tokens": self.prompt_tokens, "completion_tokens": self.completion_tokens,
+                "total_tokens": self.prompt_tokens + self.completion_tokens}
+
+
+def finish_reason(code: int, detail: str) -> str:
+    """OpenAI's finish_reason for the services' FinishReason; an abort or error is a 502/504."""
+    if code in FINISH_REASONS:
+        return FINISH_REASONS[code]
+    if code == common_pb2.FINISH_REASON_ABORT:
+        raise GatewayError(504, f"generation aborted: {detail or 'deadline or shutdown'}", code="aborted")
+    raise GatewayError(502, f"generation failed: {detail or 'engine error'}", code="engine_error")
+
+
+def sampling_params(request: Sampling) -> common_pb2.SamplingParams:
+    sampling = common_pb2.SamplingParams(temperature=request.temperature or 0.0, top_p=request.top_p or 0.0,
+                                         max_tokens=request.token_limit() or 0, stop=request.stop_strings)
+    if request.seed is not None:
+        sampling.seed = request.seed
+    return sampling
+
+
+def _document(doc: common_pb2.Document) -> dict[str, Any]:
+    return {"id": doc.id, "title": doc.title, "url": doc.url, "score": round(doc.score, 6), "source": doc.source}
+
+
+def _ask_finish(done: orchestrator_pb2.AskDone) -> Finish:
+    return Finish(finish_reason(done.finish_reason, ""), done.stats.prompt_tokens,
+                  done.stats.generated_tokens, {
+                      "request_id": done.request_id, "replica": done.replica,
+                      "sources": [_document(doc) for doc in done.sources],
+                      "ttft_from_question_s": round(done.ttft_from_question_s, 4),
+                      "retrieval_s": round(done.retrieval_s, 4)})
+
+
+def _inference_finish(done: inference_pb2.InferenceDone) -> Finish:
+    return Finish(finish_reason(done.finish_reason, done.finish_detail), done.stats.prompt_tokens,
+                  done.stats.generated_tokens)
+
+
+@dataclass(eq=False)
+class Generation:
+    """A streaming gRPC call whose events are tokens and a `done` (Ask or Inference)."""
+
+    call: Any
+    to_finish: Callable[[Any], Finish]
+    kind: str                                   # "rag" or "plain" (metrics)
+    started: float = field(default_factory=time.monotonic)
+    first_token_s: float | None = None
+    _pending: list[str | Finish] = field(default_factory=list)
+    _events: AsyncIterator[str | Finish] | None = None
+
+    async def _outputs(self) -> AsyncIterator[str | Finish]:
+        try:
+            async for response in self.call:
+                event = response.event
+                kind = event.WhichOneof("kind")
+                if kind == "token":
+                    if self.first_token_s is None:
+                        self.first_token_s = time.monotonic() - self.started
+                    yield event.token.text
+                elif kind == "done":
+                    yield self.to_finish(event.done)
+                    return
+        except grpc.RpcError as exc:
+            raise from_grpc(exc) from None
+        raise GatewayError(502, "the service ended the stream without a result")
+
+    async def first_output(self) -> None:
+        """Wait for the first token or the end; a failure before it raises `GatewayError`."""
+        self._events = self._outputs()
+        self._pending.append(await anext(self._events))
+
+    async def outputs(self) -> AsyncIterator[str | Finish]:
+        """Every output from the first on: token texts, then one `Finish`."""
+        if self._events is None:
+            await self.first_output()
+        while self._pending:
+            yield self._pending.pop(0)
+        async for output in self._events:
+            yield output
+
+    def cancel(self) -> None:
+        with contextlib.suppress(Exception):
+            self.call.cancel()
+
+
+async def start_generation(upstream: Upstream, request: GenerationRequest, request_id: str, *,
+                           question: str, prompt: Callable[[inference_pb2.ChatFormat], list[common_pb2.Segment]],
+                           ) -> Generation:
+    """Open the call for `request`: an Ask when it wants retrieval, else a Generate on a replica."""
+    sampling = sampling_params(request)
+    if request.uses_retrieval:
+        if request.model != RAG_MODEL:
+            await upstream.pick_replica(request.model)       # 404 for a model no replica serves
+        retrieval = request.retrieval
+        ask = orchestrator_pb2.AskRequest(
+            question=question, request_id=request_id, sampling=sampling, max_tokens=sampling.max_tokens,
+            retriever=RETRIEVER_CHOICES[retrieval.retriever] if retrieval else 0,
+            collection=retrieval.collection if retrieval else "", top_k=(retrieval.top_k or 0) if retrieval else 0)
+        call = upstream.orchestrator.Ask(ask, timeout=REQUEST_TIMEOUT_S, metadata=upstream.orchestrator_metadata)
+        return Generation(call, _ask_finish, "rag")
+    replica, info = await upstream.pick_replica(request.model)
+    generate = inference_pb2.GenerateRequest(request_id=request_id, segments=prompt(info.chat_format),
+                                             sampling=sampling)
+    call = replica.stub.Generate(generate, timeout=REQUEST_TIMEOUT_S)
+    return Generation(call, _inference_finish, "plain")

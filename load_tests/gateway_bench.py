@@ -1,0 +1,181 @@
+"""`streamrag bench gateway`: what the HTTP gateway adds to an Ask.
+
+The same question is asked over gRPC (`Orchestrator.Ask`) and through the gateway (a streamed
+chat completion on `streamrag-rag` with the official `openai` client), one after the other, in an
+order that alternates from pair to pair. Each question is first asked once untimed, so both timed
+calls find the same warm prefix cache. Greedy decoding: both calls generate the same tokens.
+Per pair, measured by this client:
+
+    ttft_added_s          gateway TTFT - gRPC TTFT (from the call to the first answer token)
+    per_token_added_s     the mean gap between answer tokens through the gateway - over gRPC
+
+Each seed (0..N-1) shuffles the questions; the JSON has p50/p99 per seed and, at the top, the
+median over seeds with its min-max spread (load_tests/seeds.py). Against a running stack with its
+gateway (`streamrag up`):
+
+    flock /tmp/streamrag-cpu.lock streamrag bench gateway --json gateway.json
+
+`--api-key` (default `$STREAMRAG_API_KEY`) is sent to both; `--ca` verifies an HTTPS gateway.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import os
+import platform
+import random
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+import grpc
+
+from load_tests.cli_types import positive_int, write_json
+from load_tests.seeds import spread
+from protos import common_pb2, orchestrator_pb2, orchestrator_pb2_grpc
+from servicekit.auth import API_KEY_ENV, bearer_metadata
+from servicekit.config import DEFAULT_PORTS
+from servicekit.progress import say
+from servicekit.stats import percentile
+
+QUESTIONS = Path(__file__).with_name("questions.txt")
+RAG_MODEL = "streamrag-rag"
+RETRIEVERS = {"anns": orchestrator_pb2.RETRIEVER_CHOICE_ANNS, "crawler": orchestrator_pb2.RETRIEVER_CHOICE_CRAWLER,
+              "both": orchestrator_pb2.RETRIEVER_CHOICE_BOTH}
+
+
+def add_bench_gateway_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--gateway", default=f"http://127.0.0.1:{DEFAULT_PORTS['gateway']}", help="the gateway's URL")
+    parser.add_argument("--orchestrator", default=f"127.0.0.1:{DEFAULT_PORTS['orchestrator']}",
+                        help="the orchestrator the gateway talks to (host:port, plaintext gRPC)")
+    parser.add_argument("--retriever", choices=list(RETRIEVERS), default="anns")
+    parser.add_argument("--questions", type=positive_int, default=10, help="questions (pairs) per seed")
+    parser.add_argument("--questions-file", type=Path, default=QUESTIONS, help="one question per line, # comments")
+    parser.add_argument("--max-tokens", type=positive_int, default=32)
+    parser.add_argument("--seeds", type=positive_int, default=3, help="runs (seeds 0..N-1); medians are reported")
+    parser.add_argument("--api-key", default=os.environ.get(API_KEY_ENV), help=f"API key (default ${API_KEY_ENV})")
+    parser.add_argument("--ca", type=Path, default=None, help="CA certificate that signed an HTTPS gateway's")
+    parser.add_argument("--json", type=Path, default=None, help="write the results here")
+
+
+def read_questions(path: str | Path) -> list[str]:
+    lines = (line.strip() for line in Path(path).read_text(encoding="utf-8").splitlines())
+    return [line for line in lines if line and not line.startswith("#")]
+
+
+def _timing(started: float, token_times: list[float]) -> dict[str, float]:
+    gaps = [b - a for a, b in itertools.pairwise(token_times)]
+    return {"ttft_s": token_times[0] - started if token_times else float("nan"),
+            "per_token_s": statistics.fmean(gaps) if gaps else float("nan"), "tokens": len(token_times)}
+
+
+class Clients:
+    """The two ways in: an orchestrator stub and an OpenAI client on the gateway."""
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        import openai
+
+        self.channel = grpc.insecure_channel(args.orchestrator)
+        self.stub = orchestrator_pb2_grpc.OrchestratorStub(self.channel)
+        http_client = None
+        if args.ca is not None:
+            import ssl
+
+            http_client = openai.DefaultHttpxClient(verify=ssl.create_default_context(cafile=str(args.ca)))
+        self.openai = openai.OpenAI(base_url=f"{args.gateway.rstrip('/')}/v1", api_key=args.api_key or "none",
+                                    max_retries=0, timeout=600, http_client=http_client)
+        self.metadata = bearer_metadata(args.api_key)
+        self.retriever, self.max_tokens = args.retriever, args.max_tokens
+
+    def ask_grpc(self, question: str, max_tokens: int | None = None) -> dict[str, float]:
+        request = orchestrator_pb2.AskRequest(question=question, retriever=RETRIEVERS[self.retriever],
+                                              max_tokens=max_tokens or self.max_tokens,
+                                              sampling=common_pb2.SamplingParams(temperature=0))
+        started, token_times = time.perf_counter(), []
+        for response in self.stub.Ask(request, timeout=600, metadata=self.metadata):
+            if response.event.WhichOneof("kind") == "token":
+                token_times.append(time.perf_counter())
+        return _timing(started, token_times)
+
+    def ask_gateway(self, question: str) -> dict[str, float]:
+        started, token_times = time.perf_counter(), []
+        stream = self.openai.chat.completions.create(
+            model=RAG_MODEL, stream=True, max_tokens=self.max_tokens, temperature=0,
+            messages=[{"role": "user", "content": question}], extra_body={"retrieval": {"retriever": self.retriever}})
+        for chunk in stream:
+            if chunk.choices and chunk.choices[0].delta.content:
+                token_times.append(time.perf_counter())
+        return _timing(started, token_times)
+
+    def close(self) -> None:
+        self.channel.close()
+
+
+def run_seed(clients: Clients, questions: list[str], seed: int, count: int) -> dict[str, Any]:
+    rng = random.Random(seed)
+    chosen = rng.sample(questions, min(count, len(questions)))
+    pairs = []
+    for i, question in enumerate(chosen):
+        clients.ask_grpc(question, max_tokens=1)                     # warm the prefix cache for both
+        if (i + seed) % 2 == 0:
+            grpc_run, gateway_run = clients.ask_grpc(question), clients.ask_gateway(question)
+        else:
+            gateway_run, grpc_run = clients.ask_gateway(question), clients.ask_grpc(question)
+        pairs.append({"question": question, "grpc": grpc_run, "gateway": gateway_run,
+                      "ttft_added_s": gateway_run["ttft_s"] - grpc_run["ttft_s"],
+                      "per_token_added_s": gateway_run["per_token_s"] - grpc_run["per_token_s"]})
+        say(f"seed {seed} [{i + 1}/{len(chosen)}] TTFT grpc {grpc_run['ttft_s'] * 1000:7.1f} ms, gateway "
+            f"{gateway_run['ttft_s'] * 1000:7.1f} ms ({pairs[-1]['ttft_added_s'] * 1000:+.1f} ms)")
+    summary: dict[str, Any] = {"seed": seed, "pairs": pairs}
+    for key in ("ttft_added_s", "per_token_added_s"):
+        values = [p[key] for p in pairs if p[key] == p[key]]         # NaN when an answer had < 2 tokens
+        summary[key] = {"p50": percentile(values, 50), "p99": percentile(values, 99)}
+    for side in ("grpc", "gateway"):
+        summary[f"{side}_ttft_s"] = {"p50": percentile([p[side]["ttft_s"] for p in pairs], 50)}
+    return summary
+
+
+def run_bench_gateway(args: argparse.Namespace) -> int:
+    questions = read_questions(args.questions_file)
+    if not questions:
+        say(f"error: no questions in {args.questions_file}")
+        return 2
+    clients = Clients(args)
+    try:
+        runs = [run_seed(clients, questions, seed, args.questions) for seed in range(args.seeds)]
+    except grpc.RpcError as exc:
+        say(f"error: the orchestrator at {args.orchestrator}: {exc.code().name}: {exc.details()}")
+        return 1
+    except Exception as exc:     # the openai client's connection and status errors
+        say(f"error: the gateway at {args.gateway}: {type(exc).__name__}: {exc}")
+        return 1
+    finally:
+        clients.close()
+    result: dict[str, Any] = {
+        "machine": {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count()},
+        "gateway": args.gateway, "orchestrator": args.orchestrator, "retriever": args.retriever,
+        "questions_per_seed": args.questions, "max_tokens": args.max_tokens, "seeds": args.seeds}
+    for key in ("ttft_added_s", "per_token_added_s"):
+        result[key] = {q: spread([run[key][q] for run in runs]) for q in ("p50", "p99")}
+    for key in ("grpc_ttft_s", "gateway_ttft_s"):
+        result[key] = {"p50": spread([run[key]["p50"] for run in runs])}
+    result["runs"] = runs
+    print(f"{'quantity':28s} {'p50 (median of seeds)':>22s} {'p99 (median of seeds)':>22s}")
+    for key, label in (("ttft_added_s", "TTFT added by the gateway"), ("per_token_added_s", "per-token overhead")):
+        p50, p99 = (result[key][q]["median"] * 1000 for q in ("p50", "p99"))
+        print(f"{label:28s} {p50:19.2f} ms {p99:19.2f} ms")
+    print(f"TTFT p50 over gRPC {result['grpc_ttft_s']['p50']['median'] * 1000:.2f} ms, through the gateway "
+          f"{result['gateway_ttft_s']['p50']['median'] * 1000:.2f} ms")
+    if args.json is not None:
+        write_json(args.json, result)
+    return 0
+
+
+if __name__ == "__main__":
+    import sys
+
+    from servicekit.config import run_command
+
+    sys.exit(run_command("python -m load_tests.gateway_bench", add_bench_gateway_args, run_bench_gateway))

@@ -1,0 +1,90 @@
+"""TLS between services, optionally mutual: the flags, the gRPC credentials, the channels.
+
+Every service takes the same three flags (env `STREAMRAG_<SERVICE>_TLS_CERT`, `..._TLS_KEY`,
+`..._TLS_CA`):
+
+    --tls-cert FILE   this service's certificate chain (PEM); served on its port, and presented
+                      as its client certificate when it calls another service
+    --tls-key FILE    the certificate's private key (PEM)
+    --tls-ca FILE     the CA that signs the other services' certificates: a server with it
+                      requires and verifies client certificates (mutual TLS); a client with it
+                      dials with TLS and verifies the server against it
+
+`scripts/make_certs.sh DIR` makes a local CA and one certificate per service name (compose
+names, `localhost`, 127.0.0.1) valid for both server and client use.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+
+from servicekit.config import env_default, env_name
+
+CA_HELP = "CA certificate (PEM): require client certificates it signed, and verify the services this one calls"
+
+
+def add_tls_args(parser: argparse.ArgumentParser, service: str, ca_help: str = CA_HELP) -> None:
+    parser.add_argument("--tls-cert", default=env_default(service, "tls_cert", None),
+                        help=f"certificate chain (PEM) to serve with TLS and present as a client "
+                             f"(env {env_name(service, 'tls_cert')})")
+    parser.add_argument("--tls-key", default=env_default(service, "tls_key", None),
+                        help=f"private key of --tls-cert (PEM) (env {env_name(service, 'tls_key')})")
+    parser.add_argument("--tls-ca", default=env_default(service, "tls_ca", None),
+                        help=f"{ca_help} (env {env_name(service, 'tls_ca')})")
+
+
+@dataclass(frozen=True)
+class TlsFiles:
+    """The PEM files of one service. `cert`/`key` come together; `ca` turns on verification of the peer."""
+
+    cert: Path | None = None
+    key: Path | None = None
+    ca: Path | None = None
+
+    @property
+    def serves(self) -> bool:
+        return self.cert is not None
+
+    def server_credentials(self) -> grpc.ServerCredentials:
+        """TLS on a gRPC port; with `ca`, a client must present a certificate the CA signed."""
+        if self.cert is None or self.key is None:
+            raise ValueError("serving TLS needs --tls-cert and --tls-key")
+        return grpc.ssl_server_credentials([(self.key.read_bytes(), self.cert.read_bytes())],
+                                           root_certificates=_read(self.ca), require_client_auth=self.ca is not None)
+
+    def channel_credentials(self) -> grpc.ChannelCredentials:
+        """Dial with TLS, verify the server against `ca`, present `cert` when there is one (mutual TLS)."""
+        return grpc.ssl_channel_credentials(root_certificates=_read(self.ca), private_key=_read(self.key),
+                                            certificate_chain=_read(self.cert))
+
+
+def _read(path: Path | None) -> bytes | None:
+    return path.read_bytes() if path is not None else None
+
+
+def tls_from_args(args: argparse.Namespace) -> TlsFiles | None:
+    """The files named by --tls-cert/--tls-key/--tls-ca, checked; None when none is given."""
+    cert, key, ca = (getattr(args, name, None) for name in ("tls_cert", "tls_key", "tls_ca"))
+    if not (cert or key or ca):
+        return None
+    if bool(cert) != bool(key):
+        raise SystemExit("error: --tls-cert and --tls-key go together")
+    paths = [Path(p) if p else None for p in (cert, key, ca)]
+    for flag, path in zip(("--tls-cert", "--tls-key", "--tls-ca"), paths, strict=True):
+        if path is not None and not path.is_file():
+            raise SystemExit(f"error: {flag} {path}: no such file")
+    return TlsFiles(*paths)
+
+
+def open_channel(address: str, tls: TlsFiles | None = None,
+                 options: Sequence[tuple[str, object]] = ()) -> grpc.aio.Channel:
+    """A `grpc.aio` channel to `address`: TLS (mutual when `tls.cert` is set) when `tls.ca` is set,
+    plaintext otherwise."""
+    if tls is not None and tls.ca is not None:
+        return grpc.aio.secure_channel(address, tls.channel_credentials(), options=list(options))
+    return grpc.aio.insecure_channel(address, options=list(options))
