@@ -49,6 +49,7 @@ import grpc.experimental.gevent as grpc_gevent
 from locust import User, events, task
 
 from protos import orchestrator_pb2, orchestrator_pb2_grpc
+from servicekit.auth import keyed_channel
 from servicekit.config import DEFAULT_PORTS
 
 grpc_gevent.init_gevent()
@@ -122,7 +123,7 @@ class AskUser(User):
         self.questions = read_questions(options.ask_questions)
         random.shuffle(self.questions)
         self.asked = 0
-        self.channel = grpc.insecure_channel(self.host.split("://", 1)[-1])   # tolerate --host http://...
+        self.channel = keyed_channel(self.host.split("://", 1)[-1])   # tolerate --host http://...
         self.stub = orchestrator_pb2_grpc.OrchestratorStub(self.channel)
 
     def on_stop(self) -> None:

@@ -219,9 +219,9 @@ def add_bench_quality_args(parser: argparse.ArgumentParser) -> None:
 
 def run_bench_quality(args: argparse.Namespace) -> int:
     """Entry point: 0 when every Ask ran, 1 when some failed, 2 on bad arguments."""
-    import grpc
 
     from protos import orchestrator_pb2_grpc
+    from servicekit.auth import keyed_channel
 
     if (questions := questions_or_none(args.questions)) is None:
         return 2
@@ -233,7 +233,7 @@ def run_bench_quality(args: argparse.Namespace) -> int:
     ks = sorted({1, min(3, args.top_k), args.top_k})
     outcomes: list[AskOutcome] = []
     started = time.monotonic()
-    with grpc.insecure_channel(args.orchestrator) as channel:
+    with keyed_channel(args.orchestrator) as channel:
         stub = orchestrator_pb2_grpc.OrchestratorStub(channel)
         for retriever in retrievers:
             for i, question in enumerate(questions, start=1):

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from load_tests.results_page import Node
+    from load_tests.results_summary import Node
 
 DPI = 80
 

@@ -130,3 +130,56 @@ def _refusal(handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
     make = getattr(grpc, f"{kind}_rpc_method_handler")
     return make(refuse_stream if handler.response_streaming else refuse_unary,
                 request_deserializer=handler.request_deserializer, response_serializer=handler.response_serializer)
+
+
+# ---------------------------------------------------------------- the caller's side
+
+API_KEY_FILE_ENV = "STREAMRAG_API_KEY_FILE"     # a client's key in a file (`streamrag up` writes one)
+
+
+def client_key(environ: Mapping[str, str] = os.environ) -> str | None:
+    """The key a client presents: `STREAMRAG_API_KEY`, else the first key of `STREAMRAG_API_KEY_FILE`."""
+    if environ.get(API_KEY_ENV, "").strip():
+        return environ[API_KEY_ENV].strip()
+    key_file = environ.get(API_KEY_FILE_ENV)
+    if key_file and Path(key_file).is_file():
+        return next(iter(load_api_keys(key_file, {})), None)
+    return None
+
+
+class _BearerClientInterceptor(grpc.UnaryUnaryClientInterceptor, grpc.UnaryStreamClientInterceptor,
+                               grpc.StreamUnaryClientInterceptor, grpc.StreamStreamClientInterceptor):
+    """Adds `authorization: Bearer KEY` to every call of a channel."""
+
+    def __init__(self, key: str) -> None:
+        self._metadata = bearer_metadata(key)
+
+    def _with_key(self, details):
+        metadata = [*(details.metadata or ()), *self._metadata]
+        return details._replace(metadata=metadata) if hasattr(details, "_replace") else _Details(details, metadata)
+
+    def intercept_unary_unary(self, continuation, details, request):
+        return continuation(self._with_key(details), request)
+
+    def intercept_unary_stream(self, continuation, details, request):
+        return continuation(self._with_key(details), request)
+
+    def intercept_stream_unary(self, continuation, details, requests):
+        return continuation(self._with_key(details), requests)
+
+    def intercept_stream_stream(self, continuation, details, requests):
+        return continuation(self._with_key(details), requests)
+
+
+class _Details(grpc.ClientCallDetails):
+    def __init__(self, details, metadata) -> None:
+        self.method, self.timeout, self.credentials = details.method, details.timeout, details.credentials
+        self.wait_for_ready, self.compression = details.wait_for_ready, details.compression
+        self.metadata = metadata
+
+
+def keyed_channel(target: str, options: Sequence[tuple[str, object]] = (), key: str | None = None) -> grpc.Channel:
+    """A (sync) channel to `target` that presents the client's key (`client_key()` unless given) on every call."""
+    channel = grpc.insecure_channel(target, options=list(options))
+    key = key or client_key()
+    return grpc.intercept_channel(channel, _BearerClientInterceptor(key)) if key else channel

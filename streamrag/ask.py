@@ -17,6 +17,7 @@ import grpc
 
 from inference_svc.engine.options import DEFAULT_SPECULATION, MAX_SPECULATION_DEPTH, speculation_arg
 from protos import common_pb2, orchestrator_pb2, orchestrator_pb2_grpc
+from servicekit.auth import keyed_channel
 
 DEFAULT_ORCHESTRATOR = "127.0.0.1:50051"
 
@@ -110,7 +111,7 @@ def run_ask(args: argparse.Namespace) -> int:
     chunks = 0
     done = None
     try:
-        with grpc.insecure_channel(orchestrator_address(args.orchestrator)) as channel:
+        with keyed_channel(orchestrator_address(args.orchestrator)) as channel:
             stub = orchestrator_pb2_grpc.OrchestratorStub(channel)
             for response in stub.Ask(request, timeout=args.timeout):
                 event = response.event
@@ -166,7 +167,7 @@ def run_ask(args: argparse.Namespace) -> int:
 def run_requests(args: argparse.Namespace) -> int:
     if args.request_id:
         try:
-            with grpc.insecure_channel(orchestrator_address(args.orchestrator)) as channel:
+            with keyed_channel(orchestrator_address(args.orchestrator)) as channel:
                 record = orchestrator_pb2_grpc.OrchestratorStub(channel).GetRequest(
                     orchestrator_pb2.GetRequestRequest(request_id=args.request_id), timeout=30).record
         except grpc.RpcError as exc:

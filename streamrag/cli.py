@@ -54,6 +54,8 @@ COMMANDS = (
             "retriever_svc.corpus_server:add_serve_corpus_args", "retriever_svc.corpus_server:run_serve_corpus"),
     Command("serve retriever", "a Retriever gRPC service (anns, crawler or replay)",
             "retriever_svc.server_args:add_retriever_args", "retriever_svc.server:main"),
+    Command("serve gateway", "the OpenAI-compatible HTTP gateway (chat and completions, retrieval, streaming input)",
+            "gateway.server_args:add_gateway_args", "gateway.server:main"),
     Command("index build", "extract, split, embed and index an HTML tree (default: Python docs)",
             "retriever_svc.corpus.index:add_index_build_args", "retriever_svc.corpus.index:run_index_build"),
     Command("index add", "add (or update) your files and folders in a collection, live",
@@ -96,6 +98,8 @@ COMMANDS = (
             "load_tests.sessions_bench:add_bench_sessions_args", "load_tests.sessions_bench:run_bench_sessions"),
     Command("bench report", "regenerate the results page (docs/results.md) and its plots from the result summaries",
             "load_tests.results_page:add_bench_report_args", "load_tests.results_page:run_bench_report"),
+    Command("bench gateway", "time to first token and per-token overhead the HTTP gateway adds to an Ask",
+            "load_tests.gateway_bench:add_bench_gateway_args", "load_tests.gateway_bench:run_bench_gateway"),
     Command("up", "start the whole stack on this machine as processes",
             "streamrag.stack.commands:add_up_args", "streamrag.stack.commands:run_up"),
     Command("status", "health and key stats of the local stack",
@@ -141,8 +145,22 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def use_stack_key() -> None:
+    """Clients of the local stack present its key (`streamrag up` made it) unless one is set already."""
+    from servicekit.auth import API_KEY_ENV, API_KEY_FILE_ENV
+
+    if os.environ.get(API_KEY_ENV) or os.environ.get(API_KEY_FILE_ENV):
+        return
+    from streamrag.stack.state import read_stack
+
+    recorded = read_stack()
+    if recorded is not None and recorded[0].get("api_key_file"):
+        os.environ[API_KEY_FILE_ENV] = recorded[0]["api_key_file"]
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing is ever fetched from a hub
+    use_stack_key()
     args = build_parser().parse_args(argv)
     handler: Handler = args.handler
     try:

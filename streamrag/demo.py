@@ -34,6 +34,7 @@ from pathlib import Path
 import grpc
 
 from protos import common_pb2, inference_pb2, inference_pb2_grpc, orchestrator_pb2, orchestrator_pb2_grpc
+from servicekit.auth import keyed_channel
 from streamrag.ask import source_line, unique_sources
 
 DEFAULT_QUESTION = "How do I read a file line by line in Python?"
@@ -264,7 +265,7 @@ def run_demo(args: argparse.Namespace) -> int:
 
     replay_proc = start_replay(trace, replay, log_path(run_dir, "demo-replay"))
     try:
-        with grpc.insecure_channel(orchestrator) as channel:
+        with keyed_channel(orchestrator) as channel:
             stub = orchestrator_pb2_grpc.OrchestratorStub(channel)
             results = {}
             for streaming in (True, False):

@@ -24,11 +24,16 @@ import pytest
 
 from protos import orchestrator_pb2, orchestrator_pb2_grpc
 from servicekit import health
+from servicekit.auth import keyed_channel
 from streamrag.cli import build_parser
 from streamrag.stack import commands, plan, processes, state, supervisor
 
 STREAMRAG = Path(sys.executable).with_name("streamrag")
-SERVICES = {"redis", "corpus", "anns", "crawler", "inference-0", "orchestrator"}
+SERVICES = {"redis", "corpus", "anns", "crawler", "inference-0", "orchestrator", "gateway"}
+
+
+def orchestrator_of(services):
+    return next(s for s in services if s.name == "orchestrator")
 
 
 def streamrag(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
@@ -88,7 +93,7 @@ def status_rows(run_dir: Path) -> tuple[subprocess.CompletedProcess, dict[str, s
 
 
 def ask(orchestrator: str, question: str = "How do I close a file?") -> orchestrator_pb2.AskDone:
-    with grpc.insecure_channel(orchestrator) as channel:
+    with keyed_channel(orchestrator) as channel:
         request = orchestrator_pb2.AskRequest(question=question, retriever=orchestrator_pb2.RETRIEVER_CHOICE_ANNS,
                                               max_tokens=8)
         events = [r.event for r in orchestrator_pb2_grpc.OrchestratorStub(channel).Ask(request, timeout=120)]
@@ -97,7 +102,7 @@ def ask(orchestrator: str, question: str = "How do I close a file?") -> orchestr
 
 
 def get_request(orchestrator: str, request_id: str) -> orchestrator_pb2.RequestRecord:
-    with grpc.insecure_channel(orchestrator) as channel:
+    with keyed_channel(orchestrator) as channel:
         return orchestrator_pb2_grpc.OrchestratorStub(channel).GetRequest(
             orchestrator_pb2.GetRequestRequest(request_id=request_id), timeout=30).record
 
@@ -248,7 +253,7 @@ def test_every_planned_command_is_one_the_cli_accepts():
         args = parser.parse_args(service.argv[3:])
         assert args.host == "127.0.0.1"
         assert args.port == int(service.target.rsplit(":", 1)[1].split("/")[0])
-    orchestrator = parser.parse_args(services[-1].argv[3:])
+    orchestrator = parser.parse_args(orchestrator_of(services).argv[3:])
     assert orchestrator.inference == ["127.0.0.1:50059", "127.0.0.1:50060", "127.0.0.1:50061"]
     assert orchestrator.redis == "redis://127.0.0.1:6386/0"
 
@@ -265,7 +270,7 @@ def test_an_external_redis_is_neither_started_nor_stopped():
     redis = services[0]
     assert redis.argv is None and redis.ports == []
     assert processes.stop_in_order(services, timeout_s=0.1) == []
-    assert "--redis" in services[-1].argv and "redis://10.0.0.5:6379/2" in services[-1].argv
+    assert "--redis" in orchestrator_of(services).argv and "redis://10.0.0.5:6379/2" in orchestrator_of(services).argv
 
 
 def test_health_checks_say_why_a_service_is_down():
@@ -319,7 +324,7 @@ def test_the_plan_keeps_redis_data_in_an_append_only_file_and_knows_the_replay_a
     redis = services[0].argv
     assert redis[redis.index("--appendonly") + 1] == "yes" and redis[redis.index("--dir") + 1] == "redis"
     assert plan.replay_target(services) == "127.0.0.1:50066"
-    assert build_parser().parse_args(services[-1].argv[3:]).replay == "127.0.0.1:50066"
+    assert build_parser().parse_args(orchestrator_of(services).argv[3:]).replay == "127.0.0.1:50066"
 
 
 def test_free_ports_gives_every_service_its_own_port_from_the_kernel():

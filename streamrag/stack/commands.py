@@ -19,6 +19,7 @@ count as a crash.
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
 import subprocess
 import sys
@@ -127,6 +128,33 @@ def prepare(options: StackOptions, index_dir: Path) -> None:
             run_foreground("model", [*CLI, "model", "prepare"])
 
 
+def ensure_api_key(run_dir: Path) -> Path | None:
+    """The stack's API key file: made once (a random key, readable by its owner only) unless STREAMRAG_API_KEY
+    is set, in which case the services read that key from the environment and no file is needed."""
+    import secrets
+
+    from servicekit.auth import API_KEY_ENV
+
+    if os.environ.get(API_KEY_ENV, "").strip():
+        return None
+    path = run_dir / "api-key"
+    if not path.is_file():
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as handle:
+            handle.write(secrets.token_urlsafe(32) + "\n")
+    return path
+
+
+def api_key_line(options: dict) -> str:
+    """Where the stack's key is, for `up` and `status`."""
+    from servicekit.auth import API_KEY_ENV
+
+    if options.get("api_key_file"):
+        return (f"API key: in {options['api_key_file']} (the CLI uses it; other clients send "
+                f"`Authorization: Bearer $(cat {options['api_key_file']})`)")
+    return f"API key: ${API_KEY_ENV}"
+
+
 def choose_redis_port(options: StackOptions) -> int:
     """Our own Redis on 6379 (+offset), or on a free port when another server already has that one."""
     port = DEFAULT_PORTS["redis"] + options.port_offset
@@ -231,14 +259,16 @@ def up(options: StackOptions) -> int:
         launch = None
         try:
             prepare(options, index_dir)
-            services = plan_stack(options, index_dir, choose_redis_port(options), free_port)
+            api_key_file = ensure_api_key(run_dir)
+            services = plan_stack(options, index_dir, choose_redis_port(options), free_port, api_key_file)
             check_ports(services)
             (run_dir / "logs").mkdir(exist_ok=True)
             (run_dir / "redis").mkdir(exist_ok=True)
             recorded = {"replicas": options.replicas, "policy": options.policy, "dtype": options.dtype,
                         "device": options.device, "backend": options.backend, "latency": options.latency,
                         "port_offset": options.port_offset, "free_ports": options.free_ports,
-                        "index": str(index_dir), "corpus_root": str(corpus_root), "started_unix": int(time.time())}
+                        "index": str(index_dir), "corpus_root": str(corpus_root), "started_unix": int(time.time()),
+                        "api_key_file": str(api_key_file) if api_key_file else None}
             print(f"starting the stack (run dir {run_dir})", flush=True)
             launch = Launch(run_dir, StackState(recorded, services), options.timeout)
             for service in services:
@@ -255,11 +285,15 @@ def up(options: StackOptions) -> int:
             if launch is not None:
                 launch.abort()
             return 130
-    orchestrator = services[-1].target
+    by_name = {s.name: s for s in services}
+    orchestrator = by_name["orchestrator"].target
+    gateway = by_name["gateway"].target.removesuffix("/health")
     ask = "streamrag ask" + ("" if orchestrator == f"{HOST}:{DEFAULT_PORTS['orchestrator']}"
                              else f" --orchestrator {orchestrator}")
     print(f"the stack is up in {time.monotonic() - launch.t0:.1f} s: orchestrator {orchestrator}, "
-          f"Redis {services[0].target}\n  try: {ask} \"How do I read a file line by line?\"\n"
+          f"OpenAI-compatible gateway {gateway}/v1, Redis {services[0].target}\n"
+          f"  try: {ask} \"How do I read a file line by line?\"\n"
+          f"  {api_key_line(recorded)}\n"
           f"  `streamrag status` shows its health, `streamrag down` stops it; a service that dies is "
           f"started again")
     return 0
@@ -301,6 +335,8 @@ def service_details(service: Service, options: dict, timeout_s: float = 2.0) -> 
         return f"latency {options['latency']}; {options['corpus_root']}"
     if service.kind == "orchestrator":
         return f"{options['replicas']} inference replica(s)"
+    if service.kind == "gateway":
+        return f"OpenAI-compatible API at {service.target.removesuffix('/health')}/v1"
     import grpc
 
     from protos import inference_pb2, inference_pb2_grpc, retriever_pb2, retriever_pb2_grpc
@@ -368,6 +404,7 @@ def run_status(args: argparse.Namespace) -> int:
     else:
         print("supervisor: not running, so a service that dies stays down; `streamrag up` starts what is down "
               "and the supervisor")
+    print(api_key_line(options))
     print(f"{len(services) - len(down)} of {len(services)} healthy" + (f"; down: {', '.join(down)}" if down else ""))
     return 1 if down else 0
 

@@ -27,7 +27,8 @@ DEFAULT_CORPUS_ROOT = Path("/usr/share/doc/python3.11/html")
 MAX_REPLICAS = 9                      # inference ports 50052..50060; the ANNS retriever has 50061
 CLI = [sys.executable, "-m", "streamrag.cli"]
 # How each kind of service is checked (servicekit.health): grpc.health.v1 Check, an HTTP 200, or a Redis PING.
-CHECKS = {"redis": "redis", "corpus": "http", "retriever": "grpc", "inference": "grpc", "orchestrator": "grpc"}
+CHECKS = {"redis": "redis", "corpus": "http", "retriever": "grpc", "inference": "grpc", "orchestrator": "grpc",
+          "gateway": "http"}
 REPLAY_PORT = 50063                   # the replay retriever's default port (retriever_svc.server_args.default_port)
 
 
@@ -107,9 +108,10 @@ def probe_timeout(service: Service, options: dict, base_s: float) -> float:
 
 
 def plan_stack(options: StackOptions, index_dir: Path, redis_port: int,
-               free_port: Callable[[], int] | None = None) -> list[Service]:
+               free_port: Callable[[], int] | None = None, api_key_file: Path | None = None) -> list[Service]:
     """The services `up` starts, in start order, on the default ports plus `port_offset`, or with
-    `options.free_ports` on ports `free_port()` gives (one call per port)."""
+    `options.free_ports` on ports `free_port()` gives (one call per port). With `api_key_file`, the
+    orchestrator and the gateway take only callers that present a key from it."""
     offset = options.port_offset
     chosen: dict[tuple[str, int], int] = {}
 
@@ -135,6 +137,7 @@ def plan_stack(options: StackOptions, index_dir: Path, redis_port: int,
                 "--metrics-port", str(metrics(service, replica))]
 
     serve = [*CLI, "serve"]
+    keys = ["--api-key-file", str(api_key_file)] if api_key_file else []
     corpus_url = f"http://{HOST}:{port('corpus')}/index.html"
     if options.redis:
         redis = Service("redis", "redis", options.redis, None)
@@ -163,6 +166,10 @@ def plan_stack(options: StackOptions, index_dir: Path, redis_port: int,
     orchestrator = Service("orchestrator", "orchestrator", f"{HOST}:{port('orchestrator')}", [
         *serve, "orchestrator", *grpc_flags("orchestrator"), "--redis", redis.target,
         *[flag for s in inference for flag in ("--inference", s.target)],
-        "--anns", anns.target, "--crawler", crawler.target, "--replay", f"{HOST}:{port('replay')}"],
+        "--anns", anns.target, "--crawler", crawler.target, "--replay", f"{HOST}:{port('replay')}", *keys],
         needs=[s.name for s in services], ports=[port("orchestrator"), metrics("orchestrator")])
-    return [*services, orchestrator]
+    gateway = Service("gateway", "gateway", f"http://{HOST}:{port('gateway')}/health", [
+        *serve, "gateway", "--host", HOST, "--port", str(port("gateway")), "--orchestrator", orchestrator.target,
+        *[flag for s in inference for flag in ("--inference", s.target)], *keys],
+        needs=["orchestrator"], ports=[port("gateway")])
+    return [*services, orchestrator, gateway]

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from load_tests.results_page import DOCS, Node, add_bench_report_args, run_bench_report, targets
+from load_tests.results_page import DOCS, add_bench_report_args, run_bench_report
+from load_tests.results_summary import Node, targets
 
 SUMMARIES = DOCS / "results"
 # issue16, session-10, round2, s15 (as a name part): how the work was organised, not what it shows
