@@ -38,8 +38,7 @@ def add_collection_args(parser: argparse.ArgumentParser) -> None:
 def add_index_add_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("paths", nargs="+", type=Path, help="files and folders (read recursively): md, rst, txt, "
                                                             "html, pdf")
-    parser.add_argument("--collection", required=True, help="the collection (see `streamrag collection create`)")
-    parser.add_argument("--create", action="store_true", help="create the collection if it does not exist")
+    parser.add_argument("--collection", required=True, help="the collection (made by its first add if missing)")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
     add_anns_arg(parser)
 
@@ -123,12 +122,12 @@ def run_index_add(args: argparse.Namespace) -> int:
     readable = [path for path, error in files if not error]
     for path, error in problems:
         print(f"skipped {path}: {error}", file=sys.stderr)
-    if args.create:
-        try:
-            stub.CreateCollection(pb.CreateCollectionRequest(name=args.collection), timeout=30)
-        except grpc.RpcError as exc:
-            if exc.code() != grpc.StatusCode.ALREADY_EXISTS:
-                return _fail(exc)
+    try:                                        # a collection is made by its first add
+        stub.CreateCollection(pb.CreateCollectionRequest(name=args.collection), timeout=30)
+        print(f"created collection {args.collection}", file=sys.stderr)
+    except grpc.RpcError as exc:
+        if exc.code() != grpc.StatusCode.ALREADY_EXISTS:
+            return _fail(exc)
 
     def requests():
         for path in readable:
