@@ -145,23 +145,12 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def use_stack_key() -> None:
-    """Clients of the local stack present its key (`streamrag up` made it) unless one is set already."""
-    from servicekit.auth import API_KEY_ENV, API_KEY_FILE_ENV
-
-    if os.environ.get(API_KEY_ENV) or os.environ.get(API_KEY_FILE_ENV):
-        return
-    from streamrag.stack.state import read_stack
-
-    recorded = read_stack()
-    if recorded is not None and recorded[0].get("api_key_file"):
-        os.environ[API_KEY_FILE_ENV] = recorded[0]["api_key_file"]
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing is ever fetched from a hub
-    use_stack_key()
     args = build_parser().parse_args(argv)
+    from streamrag.stack.state import use_stack_key
+
+    use_stack_key(getattr(args, "run_dir", None))
     handler: Handler = args.handler
     try:
         return handler(args)

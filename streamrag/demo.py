@@ -240,9 +240,10 @@ def print_comparison(streamed: orchestrator_pb2.AskDone, baseline: orchestrator_
 def run_demo(args: argparse.Namespace) -> int:
     from retriever_svc.trace import TraceHeader, write_trace
     from streamrag.stack.plan import replay_target
-    from streamrag.stack.state import log_path, resolve_run_dir
+    from streamrag.stack.state import log_path, resolve_run_dir, use_stack_key
 
     state = ensure_stack(args)
+    use_stack_key(args.run_dir)                 # the stack may have just made its key
     run_dir = resolve_run_dir(args.run_dir)
     services = {s.name: s for s in state.services}
     replay = replay_target(state.services)

