@@ -11,10 +11,11 @@ run_demo=1
 [[ "${1:-}" == "--no-demo" ]] && run_demo=0
 step() { printf '\n==> %s\n' "$*"; }
 
-# 1. Debian packages: the default corpus (Python 3.11 docs) and a Redis server.
+# 1. Debian packages: the default corpus (Python 3.11 docs), a Redis server, openssl.
 need_apt=()
 [[ -d /usr/share/doc/python3.11/html ]] || need_apt+=(python3.11-doc)
 command -v redis-server >/dev/null || need_apt+=(redis-server)
+command -v openssl >/dev/null || need_apt+=(openssl)    # scripts/make_certs.sh (TLS for the gateway and services)
 if ((${#need_apt[@]})); then
   step "installing Debian packages: ${need_apt[*]}"
   sudo_cmd=""; [[ $(id -u) -ne 0 ]] && sudo_cmd="sudo"
