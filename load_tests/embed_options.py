@@ -1,20 +1,15 @@
-"""Which embedding backend to index with: passages/s and recall@10 of each against float32.
+"""Which embedding backend to index with: passages/s, and recall@10 against float32.
 
-    python -m load_tests.embed_options --json OUT --passages 2000
+    python -m load_tests.embed_options --json OUT --passages 2000 [--sweep]
 
-A seeded sample of the default corpus's passages (Python docs, split as `index build` does,
-nothing embedded) is embedded by every option, longest first in batches; runs go round-robin
-over the options so that a busy neighbour slows them alike, and each option's time is the
-median. Quality: queries (prose sentences from passages outside the sample, and from inside
-it) are embedded by the same option as the passages, as an index would be used.
-- recall@10: |top 10 by the option's vectors ∩ top 10 by torch float32's| / 10, mean over
-  the outside queries;
-- hit@10: the share of inside queries whose own passage is in the top 10;
-- cos: the cosine between each passage's vector and its float32 vector.
-The machine may be shared: `others` is the largest share of its CPU time that other
-processes took during one of the option's runs (0% is a clean measurement).
-`--sweep` also times each option at several batch sizes (one run on a quarter of the sample),
-and the default backend without length sorting.
+A seeded sample of the default corpus's passages (split as `index build` does) is embedded
+by each option, longest first; runs go round-robin over the options (a busy neighbour slows
+them alike) and each option's time is the median. Queries are prose sentences from passages
+outside the sample (`recall@10`: |top 10 by the option ∩ top 10 by torch float32| / 10) and
+inside it (`hit@10`: own passage in the top 10), embedded by the same option as the passages.
+`cos` compares each passage's vector with its float32 one; `others` is the largest share of
+the CPU that other processes took during a run (0% is a clean measurement). `--sweep` times
+batch sizes on a quarter of the sample, and the default backend without length sorting.
 """
 
 from __future__ import annotations
@@ -112,14 +107,9 @@ def sample(passages: list, size: int, queries: int, seed: int) -> tuple[list[str
     chosen = set(rows)
     outside = [passages[i].text for i in range(len(passages)) if i not in chosen]
     texts = [passage_input(passages[i]) for i in rows]
-    inside_rows = random.Random(seed + 1).sample(range(len(rows)), min(queries, len(rows)))
-    inside, inside_of = [], []
-    for r in inside_rows:
-        found = derive_queries([passages[rows[r]].text], 1, seed)
-        if found:
-            inside.append(found[0])
-            inside_of.append(r)
-    return texts, derive_queries(outside, queries, seed), inside, inside_of
+    inside = [(r, found[0]) for r in random.Random(seed + 1).sample(range(len(rows)), min(queries, len(rows)))
+              if (found := derive_queries([passages[rows[r]].text], 1, seed))]
+    return texts, derive_queries(outside, queries, seed), [q for _, q in inside], [r for r, _ in inside]
 
 
 def top_k(queries: np.ndarray, passages: np.ndarray, k: int = 10) -> np.ndarray:
@@ -166,12 +156,12 @@ def machine() -> dict:
 
 
 def run(args: argparse.Namespace) -> dict:
+    from retriever_svc.corpus.index import token_counter
     from retriever_svc.embedding import EMBED_BACKEND, load_embedder
 
     today = "torch-bf16" if machine()["auto_dtype"] == "bfloat16" else REFERENCE
     chosen = {k: v for k, v in options().items() if k in {REFERENCE, today, *(args.options or options())}}
-    tokenizer = load_embedder("torch", "float32").tokenizer
-    passages = corpus_passages(lambda t: len(tokenizer(t, add_special_tokens=False, verbose=False)["input_ids"]))
+    passages = corpus_passages(token_counter())
     texts, outside, inside, inside_of = sample(passages, args.passages, args.queries, args.seed)
     print(f"{len(passages)} passages in the corpus, {len(texts)} sampled; {len(outside)} + {len(inside)} queries",
           file=sys.stderr)
@@ -222,13 +212,12 @@ def sweep(encoders: dict[str, Encode], texts: list[str], batches: list[int]) -> 
         rows.append({"option": name, "sorted": True, "passages_per_s": rates})
         print(f"sweep {name}: {rates}", file=sys.stderr)
     name, encode = list(encoders.items())[-1]
+
+    def arrival_order(texts: list[str], b: int) -> np.ndarray:
+        return np.concatenate([encode(texts[i:i + b], b) for i in range(0, len(texts), b)])
+
     shuffled = random.Random(0).sample(texts, len(texts))
-    unsorted = {}
-    for b in batches:
-        started = time.perf_counter()
-        for i in range(0, len(shuffled), b):
-            encode(shuffled[i:i + b], b)
-        unsorted[str(b)] = round(len(texts) / (time.perf_counter() - started), 2)
+    unsorted = {str(b): round(len(texts) / timed(arrival_order, shuffled, b)[0], 2) for b in batches}
     rows.append({"option": name, "sorted": False, "passages_per_s": unsorted})
     print(f"sweep {name} unsorted: {unsorted}", file=sys.stderr)
     return rows

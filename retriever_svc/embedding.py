@@ -19,6 +19,7 @@ The ONNX graphs are exported once from the bundled weights into
 from __future__ import annotations
 
 import fcntl
+import functools
 import importlib.util
 import os
 import shutil
@@ -194,12 +195,17 @@ def _onnxruntime_infer(path: Path) -> Callable:
     return lambda ids, mask: session.run(None, {"input_ids": ids, "attention_mask": mask})[0]
 
 
-def _openvino_infer(path: Path, dtype: str) -> Callable:
+@functools.cache
+def _openvino_core() -> Any:
     import openvino as ov
 
+    return ov.Core()        # one per process, alive as long as it: it holds the CPU plugin
+
+
+def _openvino_infer(path: Path, dtype: str) -> Callable:
     precision = "bf16" if dtype == "bfloat16" else "f32"
-    compiled = ov.Core().compile_model(path, "CPU", {"INFERENCE_PRECISION_HINT": precision,
-                                                    "PERFORMANCE_HINT": "LATENCY"})
+    compiled = _openvino_core().compile_model(path, "CPU", {"INFERENCE_PRECISION_HINT": precision,
+                                                           "PERFORMANCE_HINT": "LATENCY"})
     request = compiled.create_infer_request()
     return lambda ids, mask: request.infer({"input_ids": ids, "attention_mask": mask})[0].copy()
 
