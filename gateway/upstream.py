@@ -9,7 +9,7 @@ then the first listed. A replica that does not answer is skipped for that reques
 
 Each replica's `Describe` (model name, chat format) is asked once and cached. The gateway
 calls the orchestrator with its own API key (the first one it accepts) when it has keys, and
-dials every service with TLS when it has a CA (`servicekit.tls.open_channel`).
+dials every service with TLS when it has a CA (`servicekit.channels.open_channel`).
 """
 
 from __future__ import annotations
@@ -24,14 +24,13 @@ import grpc
 from gateway.errors import GatewayError, model_not_found
 from protos import inference_pb2, inference_pb2_grpc, orchestrator_pb2_grpc
 from servicekit.auth import bearer_metadata
-from servicekit.tls import TlsFiles, open_channel
+from servicekit.channels import open_channel
+from servicekit.tls import TlsFiles
 
 log = logging.getLogger(__name__)
 
 STATS_TIMEOUT_S = 0.5
 DESCRIBE_TIMEOUT_S = 2.0
-# Reconnect to a service that was down at least every 2 s (as the orchestrator's router does).
-CHANNEL_OPTIONS = (("grpc.initial_reconnect_backoff_ms", 500), ("grpc.max_reconnect_backoff_ms", 2000))
 
 
 @dataclass(eq=False)
@@ -52,9 +51,9 @@ class Upstream:
     replicas: list[Replica] = field(default_factory=list)
 
     async def start(self) -> None:
-        self._orchestrator_channel = open_channel(self.orchestrator_address, self.tls, CHANNEL_OPTIONS)
+        self._orchestrator_channel = open_channel(self.orchestrator_address, self.tls)
         self.orchestrator = orchestrator_pb2_grpc.OrchestratorStub(self._orchestrator_channel)
-        self._channels = [open_channel(address, self.tls, CHANNEL_OPTIONS) for address in self.inference_addresses]
+        self._channels = [open_channel(address, self.tls) for address in self.inference_addresses]
         self.replicas = [Replica(address, inference_pb2_grpc.InferenceStub(channel))
                          for address, channel in zip(self.inference_addresses, self._channels, strict=True)]
 

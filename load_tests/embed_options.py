@@ -30,6 +30,9 @@ import numpy as np
 
 Encode = Callable[[list[str], int], np.ndarray]
 REFERENCE = "torch-fp32"
+# --avx2: PyTorch (ATen, MKL, oneDNN) and OpenVINO's oneDNN kernels kept to AVX2, as on an
+# AVX2-only CPU. ONNX Runtime's kernels and some of OpenVINO's own are not capped by these.
+AVX2_CAPS = {"ATEN_CPU_CAPABILITY": "avx2", "MKL_ENABLE_INSTRUCTIONS": "AVX2", "ONEDNN_MAX_CPU_ISA": "AVX2"}
 
 
 def _torch_variant(name: str, prepare: Callable) -> Callable[[], Encode]:
@@ -41,7 +44,9 @@ def _torch_variant(name: str, prepare: Callable) -> Callable[[], Encode]:
 
         from retriever_svc.embedding import Embedder, embedding_model_path
 
-        model = prepare(SentenceTransformer(str(embedding_model_path()), device="cpu", local_files_only=True))
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")     # torch.ao.quantization is deprecated in favour of torchao
+            model = prepare(SentenceTransformer(str(embedding_model_path()), device="cpu", local_files_only=True))
 
         def infer(ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
             with torch.inference_mode():
@@ -53,17 +58,9 @@ def _torch_variant(name: str, prepare: Callable) -> Callable[[], Encode]:
     return make
 
 
-def _quantize_linear(model):
-    """PyTorch dynamic int8 quantization of every Linear layer (int8 weights, activations
-    quantized per batch)."""
+def options() -> dict[str, tuple[str, Callable[[], Encode]]]:
     import torch
 
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")     # torch.ao.quantization is deprecated in favour of torchao
-        return torch.ao.quantization.quantize_dynamic(model, {torch.nn.Linear}, dtype=torch.qint8)
-
-
-def options() -> dict[str, tuple[str, Callable[[], Encode]]]:
     from retriever_svc.embedding import load_embedder
 
     def backend(name: str, dtype: str = "float32") -> Callable[[], Encode]:
@@ -75,27 +72,15 @@ def options() -> dict[str, tuple[str, Callable[[], Encode]]]:
                        backend("torch", "bfloat16")),
         "torch-bf16w": ("the model cast to bfloat16 whole, weights and all (no autocast)",
                         _torch_variant("torch-bf16w", lambda model: model.bfloat16())),
-        "torch-int8": ("PyTorch dynamic int8 quantization of the Linear layers",
-                       _torch_variant("torch-int8", _quantize_linear)),
+        "torch-int8": ("PyTorch dynamic int8 quantization of the Linear layers (activations per batch)",
+                       _torch_variant("torch-int8", lambda model: torch.ao.quantization.quantize_dynamic(
+                           model, {torch.nn.Linear}, dtype=torch.qint8))),
         "onnx-fp32": ("ONNX Runtime, exported graph with fused attention, float32", backend("onnx")),
         "onnx-int8": ("ONNX Runtime, the same graph, int8 weights per channel (dynamic)", backend("onnx-int8")),
         "openvino-fp32": ("OpenVINO on the exported graph, float32", backend("openvino")),
         "openvino-bf16": ("OpenVINO on the exported graph, bfloat16 (AMX / AVX512-BF16)",
                           backend("openvino", "bfloat16")),
     }
-
-
-def corpus_passages(count_tokens: Callable[[str], int]) -> list:
-    from retriever_svc.corpus.extract import extract_html, html_files
-    from retriever_svc.corpus.index import DEFAULT_SOURCE
-    from retriever_svc.corpus.passages import split_page
-
-    passages = []
-    for path in html_files(DEFAULT_SOURCE):
-        page = extract_html(path.read_text(encoding="utf-8", errors="replace"),
-                            path.relative_to(DEFAULT_SOURCE).as_posix())
-        passages.extend(split_page(page, count_tokens=count_tokens))
-    return passages
 
 
 def sample(passages: list, size: int, queries: int, seed: int) -> tuple[list[str], list[str], list[str], list[int]]:
@@ -156,12 +141,16 @@ def machine() -> dict:
 
 
 def run(args: argparse.Namespace) -> dict:
-    from retriever_svc.corpus.index import token_counter
+    from retriever_svc.corpus.extract import extract_tree
+    from retriever_svc.corpus.index import DEFAULT_SOURCE
+    from retriever_svc.corpus.passages import split_page
     from retriever_svc.embedding import EMBED_BACKEND, load_embedder
 
-    today = "torch-bf16" if machine()["auto_dtype"] == "bfloat16" else REFERENCE
+    today = "torch-bf16" if machine()["auto_dtype"] == "bfloat16" and not args.avx2 else REFERENCE
     chosen = {k: v for k, v in options().items() if k in {REFERENCE, today, *(args.options or options())}}
-    passages = corpus_passages(token_counter())
+    tokenizer = load_embedder("torch", "float32").tokenizer      # not the default: --avx2 can't load bf16
+    count = lambda text: len(tokenizer(text, add_special_tokens=False, verbose=False)["input_ids"])  # noqa: E731
+    passages = [p for page in extract_tree(DEFAULT_SOURCE) for p in split_page(page, count_tokens=count)]
     texts, outside, inside, inside_of = sample(passages, args.passages, args.queries, args.seed)
     print(f"{len(passages)} passages in the corpus, {len(texts)} sampled; {len(outside)} + {len(inside)} queries",
           file=sys.stderr)
@@ -195,10 +184,10 @@ def run(args: argparse.Namespace) -> dict:
     result = {"machine": machine(), "passages": len(texts), "corpus_passages": len(passages),
               "queries_outside": len(outside), "queries_inside": len(inside), "batch": args.batch,
               "runs": args.runs, "seed": args.seed, "today": today, "default_backend": EMBED_BACKEND,
-              "options": rows}
+              "avx2_caps": AVX2_CAPS if args.avx2 else None, "options": rows}
     save(result, args.json)                                    # before the sweep, which is long
     if args.sweep:
-        encoders[f"default ({EMBED_BACKEND})"] = load_embedder().encode
+        encoders[f"default ({EMBED_BACKEND})"] = load_embedder(dtype="float32" if args.avx2 else "auto").encode
         result["batch_sweep"] = sweep(encoders, texts[::4], args.batches)
     return result
 
@@ -232,7 +221,8 @@ def save(result: dict, path: Path | None) -> None:
 def print_table(result: dict) -> None:
     m = result["machine"]
     print(f"\n{result['passages']} passages, batch {result['batch']}, median of {result['runs']} runs; "
-          f"{m['cpu']}, {m['cores']} cores, {' '.join(m['flags'])}; today's auto = {result['today']}")
+          f"{m['cpu']}, {m['cores']} cores, {' '.join(m['flags'])}; today's auto = {result['today']}"
+          + ("; kernels capped at AVX2" if result["avx2_caps"] else ""))
     print(f"{'option':15} {'passages/s':>10} {'x today':>8} {'x fp32':>7} {'recall@10':>9} {'hit@10':>7} "
           f"{'cos mean':>9} {'cos min':>8} {'others':>6}")
     for r in result["options"]:
@@ -255,7 +245,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--options", nargs="*", help=f"a subset (always with {REFERENCE} and today's)")
     parser.add_argument("--sweep", action="store_true", help="also time batch sizes and unsorted batching")
     parser.add_argument("--batches", type=lambda s: [int(b) for b in s.split(",")], default=[8, 16, 32, 64, 128])
+    parser.add_argument("--avx2", action="store_true", help="keep PyTorch and OpenVINO to AVX2 kernels "
+                        "(float32 options only), as on an AVX2-only CPU")
     args = parser.parse_args(argv)
+    if args.avx2:
+        os.environ.update(AVX2_CAPS)
+        args.options = ["torch-fp32", "openvino-fp32"]
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     result = run(args)
     save(result, args.json)

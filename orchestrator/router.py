@@ -23,8 +23,7 @@ overload_threshold, and is then skipped. The best S wins (ties: lower L, then th
 fewest active, then order). A replica is unreachable, and skipped, until its GetStats
 answers: before the first poll, after a failed poll, and after `mark_failed()`. A replica
 that comes back (restarted by the stack's supervisor or compose) is reachable again at the
-first poll after its channel reconnects: the channels retry at least every 2 s (gRPC's own
-back-off grows to 120 s, which would leave a long-dead replica unused for minutes).
+first poll after its channel reconnects (`servicekit.channels`: at least every 2 s).
 Every decision is logged at INFO with each replica's breakdown.
 """
 
@@ -41,13 +40,12 @@ from dataclasses import dataclass, field
 import grpc
 
 from protos import inference_pb2, inference_pb2_grpc
+from servicekit.channels import open_channel
 
 log = logging.getLogger(__name__)
 
 DEFAULT_WEIGHTS = (0.4, 0.1, 0.3, 0.2)   # locality, memory, queue, load
 NOT_POLLED = "not polled yet"
-# Reconnect to a replica that was down at least every 2 s (gRPC's default back-off grows to 120 s).
-CHANNEL_OPTIONS = (("grpc.initial_reconnect_backoff_ms", 500), ("grpc.max_reconnect_backoff_ms", 2000))
 
 ChannelFactory = Callable[[str], grpc.aio.Channel]
 
@@ -121,7 +119,7 @@ class ReplicaRouter:
         self.refresh_s = refresh_s
         self.locality_window = locality_window
         self.stats_timeout_s = stats_timeout_s
-        self._channel_factory = channel_factory or _replica_channel
+        self._channel_factory = channel_factory or open_channel
         self._replicas = {address: Replica(address) for address in addresses}
         self._refresher: asyncio.Task | None = None
 
@@ -266,10 +264,6 @@ class ReplicaRouter:
         reasons = [f"{a}: {'excluded' if a in exclude and r.available else r.unavailable or 'no stats'}"
                    for a, r in self._replicas.items()]
         return "no inference replica available (" + "; ".join(reasons) + ")"
-
-
-def _replica_channel(address: str) -> grpc.aio.Channel:
-    return grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS)
 
 
 def _queue_depth(stats: inference_pb2.EngineStats) -> int:

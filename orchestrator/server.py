@@ -5,8 +5,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 
-import grpc
-
 from orchestrator.lifecycle_store import LifecycleStore
 from orchestrator.metrics import OrchestratorMetrics
 from orchestrator.router import ReplicaRouter
@@ -15,6 +13,7 @@ from orchestrator.session_directory import SessionDirectory
 from orchestrator.sessions_servicer import SessionsProxy
 from protos import orchestrator_pb2, orchestrator_pb2_grpc, retriever_pb2_grpc, sessions_pb2, sessions_pb2_grpc
 from servicekit.auth import ApiKeyInterceptor, ApiKeys, load_api_keys
+from servicekit.channels import open_channel
 from servicekit.config import DEFAULT_PORTS, ServiceConfig, service_config_from_args
 from servicekit.server import ServiceRunner, configure_logging
 from servicekit.tls import TlsFiles, tls_from_args
@@ -33,8 +32,9 @@ class OrchestratorService:
                  ttl_s: int = 86400, weights: tuple[float, ...] = (0.4, 0.1, 0.3, 0.2),
                  router_refresh_s: float = 1.0, api_keys: tuple[str, ...] = (), tls: TlsFiles | None = None) -> None:
         self.store = LifecycleStore(redis_url, ttl_s=ttl_s)
-        self.router = ReplicaRouter(inference, weights=weights, refresh_s=router_refresh_s)
-        self.channels = {name: grpc.aio.insecure_channel(address) for name, address in retrievers.items() if address}
+        self.router = ReplicaRouter(inference, weights=weights, refresh_s=router_refresh_s,
+                                    channel_factory=lambda address: open_channel(address, tls))
+        self.channels = {name: open_channel(address, tls) for name, address in retrievers.items() if address}
         stubs = {name: retriever_pb2_grpc.RetrieverStub(channel) for name, channel in self.channels.items()}
         self.metrics = OrchestratorMetrics()
         self.servicer = OrchestratorServicer(self.router, stubs, self.store, self.metrics)

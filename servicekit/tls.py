@@ -17,7 +17,6 @@ names, `localhost`, 127.0.0.1) valid for both server and client use.
 from __future__ import annotations
 
 import argparse
-from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -80,11 +79,3 @@ def tls_from_args(args: argparse.Namespace) -> TlsFiles | None:
             raise SystemExit(f"error: {flag} {path}: no such file")
     return TlsFiles(*paths)
 
-
-def open_channel(address: str, tls: TlsFiles | None = None,
-                 options: Sequence[tuple[str, object]] = ()) -> grpc.aio.Channel:
-    """A `grpc.aio` channel to `address`: TLS (mutual when `tls.cert` is set) when `tls.ca` is set,
-    plaintext otherwise."""
-    if tls is not None and tls.ca is not None:
-        return grpc.aio.secure_channel(address, tls.channel_credentials(), options=list(options))
-    return grpc.aio.insecure_channel(address, options=list(options))
