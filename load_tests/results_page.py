@@ -184,6 +184,7 @@ def vllm(s: dict[str, Node]) -> list[str]:
         *block(v["by_kind"]),
         *table(["machine", "vs vLLM-NS p50", "p95", "p99", "vs vLLM-S p50", "p95", "p99",
                 "prefill native / vLLM"], kind_rows),
+        *image("vllm", "our streaming against vLLM, by CPU kind"),
         "### Our scheduler class inside vLLM", "",
         *block(v["class"]),
         *table(["workload and load", "class", "vs vLLM-S p50", "p95", "p99", "vs vLLM-NS p50", "p95", "p99"],
@@ -197,9 +198,9 @@ def pressure(s: dict[str, Node]) -> list[str]:
     setup, grid = p["setup"], p["grid"]
     fcfs_rows = [f"{r['workload']} | {r['eviction']} | {speedups(r['speedup'])} | "
                  f"{r['preempt_recompute']} / {r['preempt_swap']}" for r in p["fcfs"]["rows"]]
-    evictions = ("recompute", "swap", "cost")
-    grid_rows = [f"{r['policy']} | " + " | ".join(format(r[w][e], "x") for w in ("crawler", "anns") for e in evictions)
-                 for r in grid["rows"]]
+    cells = [(float(r[w][e].number()), f"{r['policy']}, {w} {e}") for r in grid["rows"]
+             for w in ("crawler", "anns") for e in ("recompute", "swap", "cost")]
+    (low, low_at), (high, high_at) = min(cells), max(cells)
     vllm_rows = [f"{r['ratio']['p99']:x} on {r['kind']} ({r['seeds']}, {r['answered']} answered)"
                  for r in p["vllm"]["rows"]]
     return [
@@ -212,9 +213,9 @@ def pressure(s: dict[str, Node]) -> list[str]:
         *block(p["fcfs"]),
         *table(["workload", "eviction", "speedup p50", "p95", "p99", "preemptions recompute / swap"], fcfs_rows,
                right=2),
-        f"Every policy and eviction mode, p99 speedup, seed {grid['seeds']} of the first command (not streaming "
-        f"p99: crawler {grid['ns_p99']['crawler']} s, ANNS {grid['ns_p99']['anns']} s):", "",
-        *table(["policy", *(f"crawler {e}" for e in evictions), *(f"ANNS {e}" for e in evictions)], grid_rows),
+        *image("pressure", "speedup under memory pressure by eviction mode"),
+        f"Across every policy and eviction mode (seed {grid['seeds']}, p99 against not streaming) the speedup "
+        f"runs from {low:.2f}x ({low_at}) to {high:.2f}x ({high_at}).", "",
         f"Our class inside vLLM under a pool of {p['vllm']['blocks']} blocks of {p['vllm']['block_tokens']} "
         "tokens, against vLLM-NS on the same service:", "",
         *block(p["vllm"]),
@@ -307,6 +308,7 @@ def retrieval(s: dict[str, Node]) -> list[str]:
         *block(anns, cells="percentiles over the queries"),
         *table(["stage", "L", "p50 ms", "p95 ms", "recall@10", "overlap with the final list", "share emitting"],
                a_rows),
+        *image("retrieval", "ANNS early results: recall against time"),
         *targets(r),
     ]
 
@@ -345,6 +347,7 @@ def engine(s: dict[str, Node]) -> list[str]:
         *block(pre, cells=str(pre["cells"])),
         *table(["prompt tokens", "ours tokens/s", "transformers tokens/s", "ours / transformers",
                 f"the same in {pre['chunk_tokens']}-token chunks", "ours / vLLM"], rows),
+        *image("engine", "prefill tokens/s against prompt length"),
         *targets(e),
     ]
 
@@ -373,16 +376,16 @@ def not_measured(s: dict[str, Node]) -> list[str]:
 
 
 def refresh(s: dict[str, Node]) -> list[str]:
-    rows = [f"`docs/results/{name}.json` | {s[name]['refresh']}" for name in SECTIONS]
+    for name in SECTIONS:
+        s[name]["refresh"]                      # every summary says where its numbers come from
     return [
         "## How to refresh a figure", "",
         "Run the command above the table on a machine of the kind it names, under "
         "`flock /tmp/streamrag-cpu.lock` so nothing else shares the cores; write the new numbers into the "
-        "section's summary (the same keys, with the command, machine and seeds beside them; replace older "
-        "numbers, history lives in git); then run `streamrag bench report` (or `python -m "
-        "load_tests.results_page`), which rewrites this page and its plots and decides again which targets "
-        "are met.", "",
-        *table(["summary", "where its numbers come from"], rows, right=2),
+        "section's summary, `docs/results/<section>.json` (the same keys, with the command, machine and seeds "
+        "beside them; its `refresh` key says which output each number comes from; replace older numbers, "
+        "history lives in git); then run `streamrag bench report`, which rewrites this page and its plots and "
+        "decides again which targets are met.", "",
     ]
 
 

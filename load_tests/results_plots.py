@@ -1,7 +1,9 @@
 """The results page's plots (PNG), drawn from the same summaries as its tables (load_tests/results_page.py).
 
-One figure per section where a curve says more than rows: the streaming speedup against load, a
-session query's TTFT against context size, and decode speed against concurrency. matplotlib is
+One figure per section: the streaming speedup against load, against vLLM by CPU kind, by
+eviction mode under memory pressure, a session query's TTFT against context size, decode speed
+against concurrency, the ANNS early results' recall against time, and prefill speed against
+prompt length. matplotlib is
 imported only when the plots are written, with its file-only backend; PNGs stay small (dpi 80)
 and carry no software version, so the same summaries give the same files.
 """
@@ -76,7 +78,68 @@ def plot_decode(s: dict[str, Node], plt: Any) -> Any:
     return fig
 
 
-PLOTS = {"streaming": plot_streaming, "sessions": plot_sessions, "decode": plot_decode}
+def _bars(ax: Any, groups: list[str], series: dict[str, list[Any]]) -> None:
+    """Grouped bars of speedup cells (median with min-max whiskers) and the parity line."""
+    width = 0.8 / len(series)
+    for i, (label, cells) in enumerate(series.items()):
+        x = [g + (i - (len(series) - 1) / 2) * width for g in range(len(groups))]
+        mid = [c["median"].number() for c in cells]
+        err = [[m - c["min"].number() for m, c in zip(mid, cells, strict=True)],
+               [c["max"].number() - m for m, c in zip(mid, cells, strict=True)]]
+        ax.bar(x, mid, width, yerr=err, capsize=2, label=label)
+    ax.axhline(1.0, color="grey", linestyle="--", linewidth=1)
+    ax.set_xticks(range(len(groups)), groups, fontsize=8)
+
+
+def plot_vllm(s: dict[str, Node], plt: Any) -> Any:
+    rows = list(s["vllm"]["by_kind"]["rows"])
+    fig, axes = plt.subplots(1, 2, figsize=(8, 3), sharey=True)
+    for ax, key, title in zip(axes, ("vs_ns", "vs_s"), ("against vLLM-NS", "against vLLM-S"), strict=True):
+        _bars(ax, [str(r["kind"]) for r in rows], {p: [r[key][p] for r in rows] for p in ("p50", "p95", "p99")})
+        ax.set_title(f"our streaming {title} (speedup)")
+    axes[0].legend(fontsize=8)
+    return fig
+
+
+def plot_pressure(s: dict[str, Node], plt: Any) -> Any:
+    rows = list(s["pressure"]["fcfs"]["rows"])
+    fig, ax = plt.subplots(figsize=(6, 3))
+    _bars(ax, [f"{r['workload']}\n{r['eviction']}" for r in rows],
+          {p: [r["speedup"][p] for r in rows] for p in ("p50", "p95", "p99")})
+    ax.set_title("under memory pressure: speedup over not streaming")
+    ax.legend(fontsize=8)
+    return fig
+
+
+def plot_retrieval(s: dict[str, Node], plt: Any) -> Any:
+    rows = list(s["retrieval"]["anns"]["rows"])
+    fig, ax = plt.subplots(figsize=(5, 3))
+    ax.plot([r["p50_ms"].number() for r in rows], [r["recall"].number() for r in rows], marker="o")
+    for r in rows:
+        ax.annotate(f"L = {r['L']}", (r["p50_ms"].number(), r["recall"].number()), fontsize=8,
+                    textcoords="offset points", xytext=(4, -10))
+    ax.set_xlabel("time since the search started, p50 ms")
+    ax.set_ylabel("recall@10 of the list emitted")
+    ax.set_title("ANNS early results")
+    return fig
+
+
+def plot_engine(s: dict[str, Node], plt: Any) -> Any:
+    rows = list(s["engine"]["prefill"]["rows"])
+    x = [r["tokens"].number() for r in rows]
+    fig, ax = plt.subplots(figsize=(5, 3))
+    ax.plot(x, [r["ours"].number() for r in rows], marker="o", label="ours")
+    ax.plot(x, [r["hf"].number() for r in rows], marker="s", label="transformers")
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(x, [f"{t:g}" for t in x])
+    ax.set_xlabel("prompt tokens")
+    ax.set_ylabel("prefill tokens/s")
+    ax.legend(fontsize=8)
+    return fig
+
+
+PLOTS = {"streaming": plot_streaming, "vllm": plot_vllm, "pressure": plot_pressure, "sessions": plot_sessions,
+         "decode": plot_decode, "retrieval": plot_retrieval, "engine": plot_engine}
 
 
 def write_plots(s: dict[str, Node], out_dir: Path) -> list[Path]:
