@@ -25,6 +25,7 @@ from inference_svc.engine.options import DEFAULT_BLOCK_SIZE, DEFAULT_EVICTION
 from inference_svc.native.service import NativeInferenceService
 from servicekit.config import ServiceConfig, service_config_from_args
 from servicekit.server import configure_logging
+from servicekit.tls import tls_from_args, tls_note
 
 if TYPE_CHECKING:
     from inference_svc.vllm_backend.config import VllmSpec
@@ -59,6 +60,7 @@ def native_spec(args: argparse.Namespace, model_dir: Path) -> EngineSpec:
         model_dir=model_dir, device=args.device, dtype=args.dtype, kv_device_blocks=args.kv_device_blocks,
         kv_device_bytes=args.kv_device_bytes, kv_cpu_blocks=args.kv_cpu_blocks,
         engine=EngineConfig(block_size=args.block_size or DEFAULT_BLOCK_SIZE, token_budget=args.token_budget,
+                            step_time_target_ms=args.step_time_target_ms,
                             max_running=args.max_running, policy=args.policy,
                             eviction=args.eviction or DEFAULT_EVICTION, policy_options=policy_options(args),
                             speculative_share=args.speculative_share,
@@ -84,21 +86,28 @@ def vllm_spec(args: argparse.Namespace, model_dir: Path) -> VllmSpec:
 
 
 def build_service(args: argparse.Namespace, config: ServiceConfig) -> NativeInferenceService | VllmInferenceService:
-    """The service for parsed flags, on the backend `--backend` names."""
+    """The service for parsed flags, on the backend `--backend` names; its port serves TLS (mutual
+    with --tls-ca) when --tls-cert/--tls-key are given."""
+    tls = tls_from_args(args)        # checked before the model loads: a missing file fails at once
     model_dir = checked_model_dir(args)
     if args.backend == "vllm":
         spec = vllm_spec(args, model_dir)
         from inference_svc.vllm_backend.service import VllmInferenceService  # imports vllm: only on this path
 
-        return VllmInferenceService(spec, config, args.max_streams)
-    return NativeInferenceService(native_spec(args, model_dir), config, args.max_streams, args.max_sessions)
+        service = VllmInferenceService(spec, config, args.max_streams)
+    else:
+        service = NativeInferenceService(native_spec(args, model_dir), config, args.max_streams, args.max_sessions)
+    service.runner.tls = tls          # the ServiceRunner binds its port with these at start()
+    return service
 
 
 async def serve(args: argparse.Namespace) -> None:
     configure_logging(args.log_level)
     service = build_service(args, service_config_from_args("inference", args))
     port = await service.start()
-    print(f"inference service on {args.host}:{port} (metrics :{service.runner.metrics_port})", flush=True)
+    served = tls_note(service.runner.tls)      # after the parenthesis: launch.READY reads up to it
+    print(f"inference service on {args.host}:{port} (metrics :{service.runner.metrics_port})"
+          f"{', ' + served if served else ''}", flush=True)
     await service.runner.wait()
     service.shutdown()
 

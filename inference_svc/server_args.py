@@ -20,15 +20,18 @@ from inference_svc.engine.options import (
     DEFAULT_SPECULATIVE_APPEND_SHARE,
     DEFAULT_SPECULATIVE_RESERVE_SHARE,
     DEFAULT_SPECULATIVE_SHARE,
+    DEFAULT_STEP_TIME_TARGET_MS,
     DEFAULT_TOKEN_BUDGET,
     DTYPE_CHOICES,
     EVICTION_CHOICES,
     POLICY_CHOICES,
     share_arg,
     speculative_share_arg,
+    step_time_target_arg,
 )
 from inference_svc.options import BACKEND_CHOICES, DEFAULT_BACKEND, DEFAULT_MAX_SESSIONS, DEFAULT_MAX_STREAMS
 from servicekit.config import add_service_args, env_default
+from servicekit.tls import add_tls_args
 
 __all__ = ["BACKEND_CHOICES", "DTYPE_CHOICES", "EVICTION_CHOICES", "POLICY_CHOICES", "add_inference_args"]
 
@@ -50,7 +53,14 @@ def add_inference_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--kv-cpu-blocks", type=int, default=env("kv_cpu_blocks", DEFAULT_KV_CPU_BLOCKS))
     parser.add_argument("--block-size", type=int, default=env("block_size", None),
                         help="tokens per KV block (default 16; vllm: 32 on CPU, vLLM's default on CUDA)")
-    parser.add_argument("--token-budget", type=int, default=env("token_budget", DEFAULT_TOKEN_BUDGET))
+    parser.add_argument("--token-budget", type=int, default=env("token_budget", DEFAULT_TOKEN_BUDGET),
+                        help=f"most tokens one engine step computes (default {DEFAULT_TOKEN_BUDGET})")
+    parser.add_argument("--step-time-target-ms", type=step_time_target_arg,
+                        default=env("step_time_target_ms", str(DEFAULT_STEP_TIME_TARGET_MS)),
+                        help=f"native engine: each step's token budget is what the cost model, refit from "
+                             f"measured steps, says fits this many ms, --token-budget the cap, so a cancel or a "
+                             f"new request waits at most one short step (default {DEFAULT_STEP_TIME_TARGET_MS:g}); "
+                             f"off: every step gets --token-budget")
     parser.add_argument("--max-running", type=int, default=env("max_running", DEFAULT_MAX_RUNNING))
     add_speculative_args(parser, env)
     parser.add_argument("--lcas-starvation-s", type=float, default=env("lcas_starvation_s", None),
@@ -63,6 +73,7 @@ def add_inference_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--backend", default=env("backend", DEFAULT_BACKEND), choices=BACKEND_CHOICES,
                         help="native (default) or vllm (needs the vllm extra, see docs/vllm.md)")
     parser.add_argument("--log-level", default=env("log_level", "INFO"))
+    add_tls_args(parser, "inference")
 
 
 def add_speculative_args(parser: argparse.ArgumentParser, env=lambda key, default: default) -> None:

@@ -138,28 +138,30 @@ def block(run: Node, cells: str = "median (min-max) over seeds") -> list[str]:
 
 
 def targets(summary: Node) -> list[str]:
-    """Each target as met or missed, decided from the measured value; a miss gives its reason."""
-    lines = []
+    """Each target as met or missed, decided from the measured value: one line per target that is not
+    plainly met, with its reason, then the met ones together on one line."""
+    lines, met = [], []
     for item in summary["targets"]:
         goal, unit = item["target"], str(item.get("unit", Node("", "")))
         at_most = bool(item.get("at_most", Node(False, "")).value)
         measured = pick(summary, item["measured"])
         worst_ref = item.get("worst")
         worst = pick(summary, worst_ref)["median"] if worst_ref is not None else measured["max" if at_most else "min"]
-        if not holds(measured["median"].number(), goal.number(), at_most):
-            status = "missed"
-        elif holds(worst.number(), goal.number(), at_most):
-            status = "met"
-        else:
-            status = "met on the median, not in every seed"
         shown = with_unit(measured, unit)
         if worst_ref is not None:
             shown += f", lowest seed {with_unit(worst, unit)}"
-        line = (f"- **{status.capitalize()}**: {item['what']}; target {'≤' if at_most else '≥'} "
-                f"{with_unit(goal, unit)}, measured {shown}.")
-        if status != "met":
-            line += f" {item['reason']}"
-        lines.append(line)
+        goal_text = f"{'≤' if at_most else '≥'} {with_unit(goal, unit)}"
+        if not holds(measured["median"].number(), goal.number(), at_most):
+            status = "missed"
+        elif holds(worst.number(), goal.number(), at_most):
+            met.append(f"{item['what']} (target {goal_text}, measured {shown})")
+            continue
+        else:
+            status = "met on the median, not in every seed"
+        lines.append(f"- **{status.capitalize()}**: {item['what']}; target {goal_text}, measured {shown}. "
+                     f"{item['reason']}")
+    if met:
+        lines.append(f"- **Met**: {'; '.join(met)}.")
     return [*lines, ""]
 
 

@@ -34,7 +34,9 @@ class OrchestratorService:
         self.store = LifecycleStore(redis_url, ttl_s=ttl_s)
         self.router = ReplicaRouter(inference, weights=weights, refresh_s=router_refresh_s,
                                     channel_factory=lambda address: open_channel(address, tls))
-        self.channels = {name: open_channel(address, tls) for name, address in retrievers.items() if address}
+        # The retrievers honour the same keys: the orchestrator presents its own (the first) to them.
+        self.channels = {name: open_channel(address, tls, api_key=ApiKeys(api_keys).own)
+                         for name, address in retrievers.items() if address}
         stubs = {name: retriever_pb2_grpc.RetrieverStub(channel) for name, channel in self.channels.items()}
         self.metrics = OrchestratorMetrics()
         self.servicer = OrchestratorServicer(self.router, stubs, self.store, self.metrics)

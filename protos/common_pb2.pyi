@@ -20,6 +20,10 @@ class LifecycleEventKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     LIFECYCLE_EVENT_KIND_FINISHED: _ClassVar[LifecycleEventKind]
     LIFECYCLE_EVENT_KIND_ERROR: _ClassVar[LifecycleEventKind]
     LIFECYCLE_EVENT_KIND_PREFILL_PROGRESS: _ClassVar[LifecycleEventKind]
+    LIFECYCLE_EVENT_KIND_KV_TRANSFER_START: _ClassVar[LifecycleEventKind]
+    LIFECYCLE_EVENT_KIND_KV_TRANSFER_CHUNK: _ClassVar[LifecycleEventKind]
+    LIFECYCLE_EVENT_KIND_KV_HANDOFF: _ClassVar[LifecycleEventKind]
+    LIFECYCLE_EVENT_KIND_KV_TRANSFER_FALLBACK: _ClassVar[LifecycleEventKind]
 
 class FinishReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -39,6 +43,10 @@ LIFECYCLE_EVENT_KIND_FIRST_TOKEN: LifecycleEventKind
 LIFECYCLE_EVENT_KIND_FINISHED: LifecycleEventKind
 LIFECYCLE_EVENT_KIND_ERROR: LifecycleEventKind
 LIFECYCLE_EVENT_KIND_PREFILL_PROGRESS: LifecycleEventKind
+LIFECYCLE_EVENT_KIND_KV_TRANSFER_START: LifecycleEventKind
+LIFECYCLE_EVENT_KIND_KV_TRANSFER_CHUNK: LifecycleEventKind
+LIFECYCLE_EVENT_KIND_KV_HANDOFF: LifecycleEventKind
+LIFECYCLE_EVENT_KIND_KV_TRANSFER_FALLBACK: LifecycleEventKind
 FINISH_REASON_UNSPECIFIED: FinishReason
 FINISH_REASON_STOP: FinishReason
 FINISH_REASON_LENGTH: FinishReason
@@ -64,7 +72,7 @@ class TokenIds(_message.Message):
     def __init__(self, ids: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class SamplingParams(_message.Message):
-    __slots__ = ("temperature", "top_p", "top_k", "max_tokens", "seed", "stop", "stop_token_ids", "ignore_eos", "speculation")
+    __slots__ = ("temperature", "top_p", "top_k", "max_tokens", "seed", "stop", "stop_token_ids", "ignore_eos", "speculation", "kv_reuse", "blend_recompute")
     TEMPERATURE_FIELD_NUMBER: _ClassVar[int]
     TOP_P_FIELD_NUMBER: _ClassVar[int]
     TOP_K_FIELD_NUMBER: _ClassVar[int]
@@ -74,6 +82,8 @@ class SamplingParams(_message.Message):
     STOP_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     IGNORE_EOS_FIELD_NUMBER: _ClassVar[int]
     SPECULATION_FIELD_NUMBER: _ClassVar[int]
+    KV_REUSE_FIELD_NUMBER: _ClassVar[int]
+    BLEND_RECOMPUTE_FIELD_NUMBER: _ClassVar[int]
     temperature: float
     top_p: float
     top_k: int
@@ -83,7 +93,9 @@ class SamplingParams(_message.Message):
     stop_token_ids: _containers.RepeatedScalarFieldContainer[int]
     ignore_eos: bool
     speculation: str
-    def __init__(self, temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., top_k: _Optional[int] = ..., max_tokens: _Optional[int] = ..., seed: _Optional[int] = ..., stop: _Optional[_Iterable[str]] = ..., stop_token_ids: _Optional[_Iterable[int]] = ..., ignore_eos: _Optional[bool] = ..., speculation: _Optional[str] = ...) -> None: ...
+    kv_reuse: str
+    blend_recompute: float
+    def __init__(self, temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., top_k: _Optional[int] = ..., max_tokens: _Optional[int] = ..., seed: _Optional[int] = ..., stop: _Optional[_Iterable[str]] = ..., stop_token_ids: _Optional[_Iterable[int]] = ..., ignore_eos: _Optional[bool] = ..., speculation: _Optional[str] = ..., kv_reuse: _Optional[str] = ..., blend_recompute: _Optional[float] = ...) -> None: ...
 
 class LifecycleEvent(_message.Message):
     __slots__ = ("kind", "monotonic_s", "unix_ms", "detail", "count")
@@ -110,7 +122,7 @@ class GeneratedToken(_message.Message):
     def __init__(self, id: _Optional[int] = ..., text: _Optional[str] = ..., index: _Optional[int] = ...) -> None: ...
 
 class RequestStats(_message.Message):
-    __slots__ = ("ttft_from_open_s", "ttft_from_last_chunk_s", "prompt_tokens", "tokens_computed", "tokens_invalidated", "preemptions_swap", "preemptions_recompute", "time_queued_s", "generated_tokens", "prefix_cache_hit_tokens", "num_appends", "num_updates", "e2e_s", "decode_s", "draft_tokens", "accepted_draft_tokens")
+    __slots__ = ("ttft_from_open_s", "ttft_from_last_chunk_s", "prompt_tokens", "tokens_computed", "tokens_invalidated", "preemptions_swap", "preemptions_recompute", "time_queued_s", "generated_tokens", "prefix_cache_hit_tokens", "num_appends", "num_updates", "e2e_s", "decode_s", "draft_tokens", "accepted_draft_tokens", "kv_reuse", "blend_reused_tokens", "blend_recomputed_tokens", "chunk_cache_hits", "chunk_cache_lookups")
     TTFT_FROM_OPEN_S_FIELD_NUMBER: _ClassVar[int]
     TTFT_FROM_LAST_CHUNK_S_FIELD_NUMBER: _ClassVar[int]
     PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
@@ -127,6 +139,11 @@ class RequestStats(_message.Message):
     DECODE_S_FIELD_NUMBER: _ClassVar[int]
     DRAFT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     ACCEPTED_DRAFT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    KV_REUSE_FIELD_NUMBER: _ClassVar[int]
+    BLEND_REUSED_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    BLEND_RECOMPUTED_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    CHUNK_CACHE_HITS_FIELD_NUMBER: _ClassVar[int]
+    CHUNK_CACHE_LOOKUPS_FIELD_NUMBER: _ClassVar[int]
     ttft_from_open_s: float
     ttft_from_last_chunk_s: float
     prompt_tokens: int
@@ -143,7 +160,12 @@ class RequestStats(_message.Message):
     decode_s: float
     draft_tokens: int
     accepted_draft_tokens: int
-    def __init__(self, ttft_from_open_s: _Optional[float] = ..., ttft_from_last_chunk_s: _Optional[float] = ..., prompt_tokens: _Optional[int] = ..., tokens_computed: _Optional[int] = ..., tokens_invalidated: _Optional[int] = ..., preemptions_swap: _Optional[int] = ..., preemptions_recompute: _Optional[int] = ..., time_queued_s: _Optional[float] = ..., generated_tokens: _Optional[int] = ..., prefix_cache_hit_tokens: _Optional[int] = ..., num_appends: _Optional[int] = ..., num_updates: _Optional[int] = ..., e2e_s: _Optional[float] = ..., decode_s: _Optional[float] = ..., draft_tokens: _Optional[int] = ..., accepted_draft_tokens: _Optional[int] = ...) -> None: ...
+    kv_reuse: str
+    blend_reused_tokens: int
+    blend_recomputed_tokens: int
+    chunk_cache_hits: int
+    chunk_cache_lookups: int
+    def __init__(self, ttft_from_open_s: _Optional[float] = ..., ttft_from_last_chunk_s: _Optional[float] = ..., prompt_tokens: _Optional[int] = ..., tokens_computed: _Optional[int] = ..., tokens_invalidated: _Optional[int] = ..., preemptions_swap: _Optional[int] = ..., preemptions_recompute: _Optional[int] = ..., time_queued_s: _Optional[float] = ..., generated_tokens: _Optional[int] = ..., prefix_cache_hit_tokens: _Optional[int] = ..., num_appends: _Optional[int] = ..., num_updates: _Optional[int] = ..., e2e_s: _Optional[float] = ..., decode_s: _Optional[float] = ..., draft_tokens: _Optional[int] = ..., accepted_draft_tokens: _Optional[int] = ..., kv_reuse: _Optional[str] = ..., blend_reused_tokens: _Optional[int] = ..., blend_recomputed_tokens: _Optional[int] = ..., chunk_cache_hits: _Optional[int] = ..., chunk_cache_lookups: _Optional[int] = ...) -> None: ...
 
 class Document(_message.Message):
     __slots__ = ("id", "title", "url", "text", "score", "source", "stability")

@@ -172,7 +172,7 @@ class GetStatsResponse(_message.Message):
     def __init__(self, stats: _Optional[_Union[EngineStats, _Mapping]] = ...) -> None: ...
 
 class EngineStats(_message.Message):
-    __slots__ = ("pools", "num_running", "num_waiting", "num_swapped", "policy", "token_budget", "model", "counters", "throughput_tokens_per_s", "generation_tokens_per_s", "max_concurrent_streams", "num_active", "num_sessions")
+    __slots__ = ("pools", "num_running", "num_waiting", "num_swapped", "policy", "token_budget", "model", "counters", "throughput_tokens_per_s", "generation_tokens_per_s", "max_concurrent_streams", "num_active", "num_sessions", "role")
     POOLS_FIELD_NUMBER: _ClassVar[int]
     NUM_RUNNING_FIELD_NUMBER: _ClassVar[int]
     NUM_WAITING_FIELD_NUMBER: _ClassVar[int]
@@ -186,6 +186,7 @@ class EngineStats(_message.Message):
     MAX_CONCURRENT_STREAMS_FIELD_NUMBER: _ClassVar[int]
     NUM_ACTIVE_FIELD_NUMBER: _ClassVar[int]
     NUM_SESSIONS_FIELD_NUMBER: _ClassVar[int]
+    ROLE_FIELD_NUMBER: _ClassVar[int]
     pools: _containers.RepeatedCompositeFieldContainer[BlockPoolStats]
     num_running: int
     num_waiting: int
@@ -199,7 +200,8 @@ class EngineStats(_message.Message):
     max_concurrent_streams: int
     num_active: int
     num_sessions: int
-    def __init__(self, pools: _Optional[_Iterable[_Union[BlockPoolStats, _Mapping]]] = ..., num_running: _Optional[int] = ..., num_waiting: _Optional[int] = ..., num_swapped: _Optional[int] = ..., policy: _Optional[str] = ..., token_budget: _Optional[int] = ..., model: _Optional[str] = ..., counters: _Optional[_Union[EngineCounters, _Mapping]] = ..., throughput_tokens_per_s: _Optional[float] = ..., generation_tokens_per_s: _Optional[float] = ..., max_concurrent_streams: _Optional[int] = ..., num_active: _Optional[int] = ..., num_sessions: _Optional[int] = ...) -> None: ...
+    role: str
+    def __init__(self, pools: _Optional[_Iterable[_Union[BlockPoolStats, _Mapping]]] = ..., num_running: _Optional[int] = ..., num_waiting: _Optional[int] = ..., num_swapped: _Optional[int] = ..., policy: _Optional[str] = ..., token_budget: _Optional[int] = ..., model: _Optional[str] = ..., counters: _Optional[_Union[EngineCounters, _Mapping]] = ..., throughput_tokens_per_s: _Optional[float] = ..., generation_tokens_per_s: _Optional[float] = ..., max_concurrent_streams: _Optional[int] = ..., num_active: _Optional[int] = ..., num_sessions: _Optional[int] = ..., role: _Optional[str] = ...) -> None: ...
 
 class BlockPoolStats(_message.Message):
     __slots__ = ("name", "total_blocks", "free_blocks", "block_size", "bytes_per_block")

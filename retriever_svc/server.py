@@ -1,4 +1,9 @@
-"""`streamrag serve retriever --kind anns|crawler|replay`: one Retriever service process."""
+"""`streamrag serve retriever --kind anns|crawler|replay`: one Retriever service process.
+
+With `--api-key-file` (or `STREAMRAG_API_KEY`) every RPC but health checks, Collections included,
+needs `authorization: Bearer KEY`, as on the orchestrator; with `--tls-cert/--tls-key` the port
+serves TLS, mutual with `--tls-ca` (`servicekit.auth`, `servicekit.tls`).
+"""
 
 from __future__ import annotations
 
@@ -10,8 +15,10 @@ from collections.abc import Callable, Coroutine
 from protos import retriever_pb2, retriever_pb2_grpc
 from retriever_svc.server_args import default_port
 from retriever_svc.service import RetrieverBackend, RetrieverMetrics, RetrieverServicer
+from servicekit.auth import ApiKeyInterceptor, ApiKeys, load_api_keys
 from servicekit.config import DEFAULT_PORTS, ServiceConfig, metrics_port_for, service_config_from_args
 from servicekit.server import ServiceRunner, configure_logging
+from servicekit.tls import TlsFiles, tls_from_args, tls_note
 
 SERVICE_NAME = retriever_pb2.DESCRIPTOR.services_by_name["Retriever"].full_name
 COLLECTIONS_SERVICE = retriever_pb2.DESCRIPTOR.services_by_name["Collections"].full_name
@@ -34,10 +41,12 @@ def service_config(args: argparse.Namespace) -> ServiceConfig:
     return config
 
 
-def build_runner(config: ServiceConfig, backend: RetrieverBackend,
-                 metrics: RetrieverMetrics | None = None) -> tuple[ServiceRunner, list[Callable[[], Coroutine]]]:
+def build_runner(config: ServiceConfig, backend: RetrieverBackend, metrics: RetrieverMetrics | None = None, *,
+                 api_keys: tuple[str, ...] = (), tls: TlsFiles | None = None,
+                 ) -> tuple[ServiceRunner, list[Callable[[], Coroutine]]]:
     """The gRPC server of one retriever (Retriever, and Collections where the backend has them) and the
-    background work to run beside it."""
+    background work to run beside it. With `api_keys`, callers must present one; with `tls`, the port
+    serves TLS (mutual when `tls.ca` is set)."""
     metrics = metrics or RetrieverMetrics()
     servicers = [(retriever_pb2_grpc.add_RetrieverServicer_to_server, RetrieverServicer(backend, metrics))]
     names = [SERVICE_NAME]
@@ -49,15 +58,20 @@ def build_runner(config: ServiceConfig, backend: RetrieverBackend,
         servicers.append((retriever_pb2_grpc.add_CollectionsServicer_to_server, collections))
         names.append(COLLECTIONS_SERVICE)
         background.append(collections.merge_in_background)
-    return ServiceRunner(config, servicers, names, registry=metrics.registry), background
+    interceptors = [ApiKeyInterceptor(ApiKeys(api_keys))] if api_keys else []
+    return ServiceRunner(config, servicers, names, registry=metrics.registry, interceptors=interceptors,
+                         tls=tls), background
 
 
 async def serve(args: argparse.Namespace) -> None:
     configure_logging(args.log_level)
-    runner, background = build_runner(service_config(args), build_backend(args))
+    api_keys, tls = load_api_keys(args.api_key_file), tls_from_args(args)   # checked before the index loads
+    runner, background = build_runner(service_config(args), build_backend(args), api_keys=api_keys, tls=tls)
     port = await runner.start()
     tasks = [asyncio.ensure_future(work()) for work in background]
-    print(f"{args.kind} retriever on {args.host}:{port} (metrics :{runner.metrics_port})", flush=True)
+    security = ", ".join(note for note in ("API key required" if api_keys else "", tls_note(tls)) if note)
+    print(f"{args.kind} retriever on {args.host}:{port} (metrics :{runner.metrics_port})"
+          f"{', ' + security if security else ''}", flush=True)
     await runner.wait()
     for task in tasks:
         task.cancel()

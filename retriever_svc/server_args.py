@@ -5,7 +5,9 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from servicekit.auth import add_api_key_args
 from servicekit.config import DEFAULT_PORTS, add_service_args, env_default
+from servicekit.tls import add_tls_args
 
 KINDS = ["anns", "crawler", "replay"]
 # The crawler's defaults (retriever_svc.crawler.CrawlerSettings uses these too).
@@ -55,6 +57,8 @@ def add_retriever_args(parser: argparse.ArgumentParser) -> None:
     replay.add_argument("--time-scale", type=float, default=env("time_scale", 1.0),
                         help="multiply the trace's gaps by this")
     parser.add_argument("--log-level", default=env("log_level", "INFO"))
+    add_api_key_args(parser, "retriever")
+    add_tls_args(parser, "retriever")
 
 
 def default_port(kind: str) -> int:

@@ -178,6 +178,32 @@ class _Details(grpc.ClientCallDetails):
         self.metadata = metadata
 
 
+class BearerAioInterceptor(grpc.aio.UnaryUnaryClientInterceptor, grpc.aio.UnaryStreamClientInterceptor,
+                           grpc.aio.StreamUnaryClientInterceptor, grpc.aio.StreamStreamClientInterceptor):
+    """The `grpc.aio` form of the interceptor above: a service presents its key to another
+    (`servicekit.channels.open_channel(..., api_key=KEY)`)."""
+
+    def __init__(self, key: str) -> None:
+        self._metadata = bearer_metadata(key)
+
+    def _with_key(self, details: grpc.aio.ClientCallDetails) -> grpc.aio.ClientCallDetails:
+        metadata = [*(details.metadata or ()), *self._metadata]
+        return grpc.aio.ClientCallDetails(details.method, details.timeout, metadata, details.credentials,
+                                          details.wait_for_ready)
+
+    async def intercept_unary_unary(self, continuation, details, request):
+        return await continuation(self._with_key(details), request)
+
+    async def intercept_unary_stream(self, continuation, details, request):
+        return await continuation(self._with_key(details), request)
+
+    async def intercept_stream_unary(self, continuation, details, requests):
+        return await continuation(self._with_key(details), requests)
+
+    async def intercept_stream_stream(self, continuation, details, requests):
+        return await continuation(self._with_key(details), requests)
+
+
 def keyed_channel(target: str, options: Sequence[tuple[str, object]] = (), key: str | None = None) -> grpc.Channel:
     """A (sync) channel to `target` that presents the client's key (`client_key()` unless given) on every call."""
     channel = grpc.insecure_channel(target, options=list(options))

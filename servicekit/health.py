@@ -9,6 +9,12 @@ docker-compose service health-checks itself with the command, which needs nothin
     python -m servicekit.health grpc 127.0.0.1:50052
     python -m servicekit.health http http://127.0.0.1:8765/index.html
     python -m servicekit.health redis redis://127.0.0.1:6379/0
+
+Over TLS, give the files (`servicekit.tls`): `check_health("grpc", target, tls=TlsFiles(...))`
+dials with TLS and verifies the service against `tls.ca`, presenting `tls.cert` where the service
+wants mutual TLS; `"http"` verifies an https:// URL against `tls.ca`. The command takes the same
+`--tls-cert/--tls-key/--tls-ca` flags, with the environment defaults `STREAMRAG_HEALTH_TLS_CERT`,
+`..._KEY`, `..._CA` (so a container that sets them health-checks its TLS port unchanged).
 """
 
 from __future__ import annotations
@@ -16,14 +22,17 @@ from __future__ import annotations
 import argparse
 import sys
 
+from servicekit.tls import TlsFiles, add_tls_args, tls_from_args
+
 CHECK_KINDS = ("grpc", "http", "redis")
 
 
-def _check_grpc(target: str, timeout_s: float) -> str | None:
+def _check_grpc(target: str, timeout_s: float, tls: TlsFiles | None) -> str | None:
     import grpc
     from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-    with grpc.insecure_channel(target) as channel:
+    secure = tls is not None and tls.ca is not None
+    with grpc.secure_channel(target, tls.channel_credentials()) if secure else grpc.insecure_channel(target) as channel:
         try:
             status = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(),
                                                                timeout=timeout_s).status
@@ -33,18 +42,24 @@ def _check_grpc(target: str, timeout_s: float) -> str | None:
     return None if status == serving else health_pb2.HealthCheckResponse.ServingStatus.Name(status)
 
 
-def _check_http(target: str, timeout_s: float) -> str | None:
+def _check_http(target: str, timeout_s: float, tls: TlsFiles | None) -> str | None:
+    import ssl
     import urllib.error
     import urllib.request
 
+    context = None
+    if tls is not None and tls.ca is not None and target.startswith("https:"):
+        context = ssl.create_default_context(cafile=str(tls.ca))
+        if tls.cert is not None and tls.key is not None:
+            context.load_cert_chain(str(tls.cert), str(tls.key))
     try:
-        with urllib.request.urlopen(target, timeout=timeout_s) as response:
+        with urllib.request.urlopen(target, timeout=timeout_s, context=context) as response:
             return None if response.status == 200 else f"HTTP {response.status}"
     except urllib.error.HTTPError as exc:
         return f"HTTP {exc.code}"
 
 
-def _check_redis(target: str, timeout_s: float) -> str | None:
+def _check_redis(target: str, timeout_s: float, tls: TlsFiles | None) -> str | None:
     import redis
 
     client = redis.Redis.from_url(target, socket_timeout=timeout_s, socket_connect_timeout=timeout_s)
@@ -57,12 +72,13 @@ def _check_redis(target: str, timeout_s: float) -> str | None:
 _CHECKS = {"grpc": _check_grpc, "http": _check_http, "redis": _check_redis}
 
 
-def check_health(check: str, target: str, timeout_s: float = 2.0) -> str | None:
-    """None when the service is healthy, else a short reason ("connection refused", "NOT_SERVING")."""
+def check_health(check: str, target: str, timeout_s: float = 2.0, tls: TlsFiles | None = None) -> str | None:
+    """None when the service is healthy, else a short reason ("connection refused", "NOT_SERVING").
+    With `tls` (a CA at least), a gRPC or https:// service is checked over TLS."""
     if check not in _CHECKS:
         raise ValueError(f"unknown health check {check!r} (one of {', '.join(CHECK_KINDS)})")
     try:
-        return _CHECKS[check](target, timeout_s)
+        return _CHECKS[check](target, timeout_s, tls)
     except Exception as exc:       # refused, timed out, unreachable: the reason is all we need
         return str(getattr(exc, "reason", None) or exc) or type(exc).__name__
 
@@ -73,12 +89,13 @@ def probe_parser() -> argparse.ArgumentParser:
     parser.add_argument("check", choices=CHECK_KINDS)
     parser.add_argument("target", help="host:port (grpc), URL (http) or redis:// URL")
     parser.add_argument("--timeout", type=float, default=3.0)
+    add_tls_args(parser, "health", ca_help="CA certificate (PEM): check over TLS, verifying the service against it")
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     args = probe_parser().parse_args(argv)
-    reason = check_health(args.check, args.target, args.timeout)
+    reason = check_health(args.check, args.target, args.timeout, tls_from_args(args))
     if reason is not None:
         print(f"{args.target}: {reason}", file=sys.stderr)
     return 0 if reason is None else 1

@@ -66,6 +66,13 @@ def _read(path: Path | None) -> bytes | None:
     return path.read_bytes() if path is not None else None
 
 
+def tls_note(tls: TlsFiles | None) -> str:
+    """How a port is served, for a service's start-up line: "", "TLS" or "mutual TLS"."""
+    if tls is None or not tls.serves:
+        return ""
+    return "mutual TLS" if tls.ca is not None else "TLS"
+
+
 def tls_from_args(args: argparse.Namespace) -> TlsFiles | None:
     """The files named by --tls-cert/--tls-key/--tls-ca, checked; None when none is given."""
     cert, key, ca = (getattr(args, name, None) for name in ("tls_cert", "tls_key", "tls_ca"))

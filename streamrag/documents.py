@@ -50,13 +50,13 @@ def add_index_remove_args(parser: argparse.ArgumentParser) -> None:
 
 
 def _stub(args: argparse.Namespace):
-    import grpc
-
     from protos import retriever_pb2_grpc
+    from servicekit.auth import keyed_channel
     from streamrag.ask import stack_service_target
 
     address = args.anns or stack_service_target("anns") or DEFAULT_ANNS
-    channel = grpc.insecure_channel(address, options=[("grpc.max_send_message_length", 64 * 2**20)])
+    # presents the client's key (STREAMRAG_API_KEY / the stack's key file): a retriever with keys wants one
+    channel = keyed_channel(address, options=[("grpc.max_send_message_length", 64 * 2**20)])
     return retriever_pb2_grpc.CollectionsStub(channel)
 
 

@@ -50,6 +50,7 @@ from inference_svc.engine.scheduler import (
     SchedulerOutput,
 )
 from inference_svc.engine.speculation import DEFAULT_NGRAM_SIZES, DepthSettings, RequestSpeculation, verify
+from inference_svc.engine.step_budget import StepBudget
 from inference_svc.engine.step_log import StepLog
 from inference_svc.engine.tokenization import SegmentTokenizer
 
@@ -88,7 +89,10 @@ class EngineConfig:
     num_device_blocks: int = 1024
     num_cpu_blocks: int = 1024
     block_size: int = DEFAULT_BLOCK_SIZE
-    token_budget: int = DEFAULT_TOKEN_BUDGET
+    token_budget: int = DEFAULT_TOKEN_BUDGET          # the most tokens a step computes
+    # Steps bounded in time (step_budget.py): each step's budget is what fits this many ms, capped by
+    # token_budget; None: every step gets token_budget. The service's default is DEFAULT_STEP_TIME_TARGET_MS.
+    step_time_target_ms: float | None = None
     max_running: int = DEFAULT_MAX_RUNNING
     policy: str = DEFAULT_POLICY
     policy_options: dict = field(default_factory=dict)
@@ -130,6 +134,9 @@ class StepStats:
     depths: tuple[int, ...] = ()        # the draft depth of each request that verified a draft
     decode_tokens: int = 0              # tokens computed for decoding requests, drafts included
     emitted: int = 0                    # tokens emitted (sampled or accepted)
+    budget: int = 0                     # the step's token budget (below the configured one when bounded in time)
+    ms: float = 0.0                     # the step's wall time: scheduling, KV moves, forward pass, sampling
+    predicted_ms: float | None = None   # what the step-time model predicted for it (steps bounded in time)
 
     @property
     def draft_tokens(self) -> int:
@@ -154,6 +161,8 @@ class Engine:
                                    self.policy, KVCacheManager(config.num_device_blocks, config.num_cpu_blocks,
                                                                config.block_size, config.enable_prefix_cache),
                                    self.cost_model, clock)
+        self.step_budget = (None if config.step_time_target_ms is None else
+                            StepBudget.from_cost_model(self.cost_model, config.step_time_target_ms, config.token_budget))
         self.sampler = Sampler()
         self.counters = EngineCounters()
         self.requests = self.scheduler.requests     # the one registry, owned by the scheduler
@@ -285,6 +294,9 @@ class Engine:
     def step(self) -> list[EngineEvent]:
         """Schedule, move KV, run one forward pass, sample; returns the events since the last step."""
         started_wall, started = time.time(), time.perf_counter()
+        step_started = started
+        if self.step_budget is not None:
+            self.scheduler.token_budget = self.step_budget.budget(self.requests.values())
         out = self.scheduler.schedule(self._propose_drafts())
         self._note_scheduling(out)
         if out.block_moves:
@@ -294,9 +306,15 @@ class Engine:
             blocks = sum(len(pairs) for _, pairs in out.block_moves)
             self.cost_model.observe_swap(blocks, (time.perf_counter() - started) * 1e3)
         decode_tokens = sum(c.num_tokens for c in out.chunks if c.request.is_decoding)   # before tokens are taken
+        chunks = [(c.start, c.num_tokens) for c in out.chunks]   # before _run moves the computed counts
         emitted = self._run(out) if out.chunks else 0
+        step_ms = (time.perf_counter() - step_started) * 1e3
+        predicted = None
+        if self.step_budget is not None and decode_tokens < out.num_tokens:   # refit from steps that prefilled
+            predicted = self.step_budget.observe(chunks, step_ms)
         self.last_step = StepStats(tokens=out.num_tokens, depths=tuple(len(c.draft) for c in out.chunks if c.draft),
-                                   decode_tokens=decode_tokens, emitted=emitted)
+                                   decode_tokens=decode_tokens, emitted=emitted, budget=self.scheduler.token_budget,
+                                   ms=step_ms, predicted_ms=predicted)
         self.counters.steps += 1
         if self.step_log is not None and out.chunks:
             self._log_step(started_wall, (time.perf_counter() - started) * 1e3, out)
@@ -304,6 +322,8 @@ class Engine:
         return events
 
     def _log_step(self, started_wall: float, ms: float, out: SchedulerOutput) -> None:
+        last = self.last_step
+        bounded = {} if last.predicted_ms is None else {"predicted_ms": round(last.predicted_ms, 1)}
         scheduled = {chunk.request.request_id: chunk.num_tokens for chunk in out.chunks}
         complete = [chunk.request.request_id for chunk in out.chunks if chunk.request.context_complete]
         tokens_complete = sum(scheduled[rid] for rid in complete)
@@ -311,7 +331,8 @@ class Engine:
                       if r.context_complete and r.is_runnable and r.request_id not in scheduled)
         self.step_log.write(started_wall, scheduled, complete, ms=round(ms, 1), tokens_complete=tokens_complete,
                             tokens_partial=out.num_tokens - tokens_complete, complete_not_scheduled=waiting,
-                            preempted=len(out.preempted), free_blocks=self.scheduler.pools()[0].num_free)
+                            preempted=len(out.preempted), free_blocks=self.scheduler.pools()[0].num_free,
+                            budget=last.budget, step_ms=round(last.ms, 1), **bounded)
 
     def _run(self, out: SchedulerOutput) -> int:
         """Run the step's chunks and take their tokens; returns how many tokens it emitted."""
@@ -403,7 +424,7 @@ class Engine:
         num_auto = sum(1 for r in decoding if self._speculation[r.request_id].controller.fixed_depth is None)
         share = max(1, self.config.draft_budget // max(num_auto, 1))
         last = self.last_step
-        load = (last.tokens - last.draft_tokens) / self.config.token_budget
+        load = (last.tokens - last.draft_tokens) / self.scheduler.token_budget
         drafts = {}
         for request in decoding:
             room = min(request.sampling.max_tokens - len(request.output_token_ids),

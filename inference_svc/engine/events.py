@@ -17,6 +17,11 @@ class EventKind(enum.Enum):
     FIRST_TOKEN = "FIRST_TOKEN"
     FINISHED = "FINISHED"                        # detail: the finish reason
     ERROR = "ERROR"
+    # disaggregated prefill (inference_svc/disagg): raised by the transfer, not by the engine
+    KV_TRANSFER_START = "KV_TRANSFER_START"      # detail: the decode replica
+    KV_TRANSFER_CHUNK = "KV_TRANSFER_CHUNK"      # count: bytes; detail: tokens, blocks, ms
+    KV_HANDOFF = "KV_HANDOFF"                    # the decode replica holds the prompt's KV and decodes
+    KV_TRANSFER_FALLBACK = "KV_TRANSFER_FALLBACK"  # detail: why the prefill replica decodes itself
 
 
 @dataclass(frozen=True)

@@ -23,6 +23,11 @@ DEFAULT_EVICTION = "cost"           # recompute or swap, whichever the cost mode
 DEFAULT_BLOCK_SIZE = 16             # tokens per KV block (native engine)
 DEFAULT_TOKEN_BUDGET = 2048         # tokens per engine step (prefill chunks + decodes)
 DEFAULT_MAX_RUNNING = 256           # requests holding KV at once
+# Steps bounded in time (step_budget.py): each step's token budget is what the cost model, refit from
+# measured steps, says fits this many ms (DEFAULT_TOKEN_BUDGET stays the cap), so a cancel or a new
+# arrival waits at most one short step. The service's default; an `EngineConfig` built directly has
+# it off (None) unless asked.
+DEFAULT_STEP_TIME_TARGET_MS = 250.0
 # Speculative prefill (of prompts still receiving context) per step, as shares of the token budget:
 # at most this share of prefill that a refinement may replace (update mode, or session ingestion), so a
 # prompt that becomes complete waits behind at most half a step of it ...
@@ -40,6 +45,16 @@ def share_arg(text: str) -> float:
     value = float(text)
     if not 0 < value <= 1:
         raise ValueError("a share of the token budget must be in (0, 1]")
+    return value
+
+
+def step_time_target_arg(text: str) -> float | None:
+    """argparse type of --step-time-target-ms: a positive number of ms, or "off" (the fixed token budget)."""
+    if text == "off":
+        return None
+    value = float(text)
+    if not value > 0:
+        raise ValueError("the step-time target must be a positive number of ms, or off")
     return value
 
 

@@ -86,22 +86,32 @@ class SchedulerConfig:
             raise ValueError("need 0 <= speculative_reserve_share <= speculative_share <= 1 "
                              "and speculative_reserve_share <= speculative_append_share <= 1")
 
-    @property
-    def speculative_tokens(self) -> int | None:
-        """Most tokens of replaceable partial prefill per step (None: no tiers)."""
+    # The shares of a step's budget: `token_budget` unless the step's is smaller (steps bounded in time).
+    def speculative_tokens_of(self, budget: int) -> int | None:
+        """Most tokens of replaceable partial prefill in a step of `budget` tokens (None: no tiers)."""
         if self.speculative_share is None:
             return None
-        return max(1, int(self.token_budget * self.speculative_share))
+        return max(1, int(budget * self.speculative_share))
+
+    def speculative_append_tokens_of(self, budget: int) -> int:
+        """Most tokens of append-mode partial prefill in a step of `budget` tokens."""
+        return max(1, int(budget * self.speculative_append_share))
+
+    def speculative_reserve_of(self, budget: int) -> int:
+        """Tokens partial prompts keep while complete ones saturate a step of `budget` tokens."""
+        return int(budget * self.speculative_reserve_share)
+
+    @property
+    def speculative_tokens(self) -> int | None:
+        return self.speculative_tokens_of(self.token_budget)
 
     @property
     def speculative_append_tokens(self) -> int:
-        """Most tokens of append-mode partial prefill per step."""
-        return max(1, int(self.token_budget * self.speculative_append_share))
+        return self.speculative_append_tokens_of(self.token_budget)
 
     @property
     def speculative_reserve(self) -> int:
-        """Tokens per step partial prompts keep while complete ones saturate the budget."""
-        return int(self.token_budget * self.speculative_reserve_share)
+        return self.speculative_reserve_of(self.token_budget)
 
 
 class BlockMove(enum.Enum):
@@ -177,6 +187,9 @@ class Scheduler:
         # (the caller reads their stats); only unfinished ones are ranked.
         self.requests: dict[str, Request] = {}
         self._admissions = 0
+        # This step's token budget: the configured one, or less when the engine bounds steps in time
+        # (step_budget.py); set before `schedule`, never above `config.token_budget`.
+        self.token_budget = config.token_budget
 
     def add(self, request: Request) -> None:
         self.requests[request.request_id] = request
@@ -245,7 +258,8 @@ class Scheduler:
 
     def plan(self, ranked: list[Request]) -> Plan:
         """Choose what runs this step. Reads state only."""
-        budget, capacity = self.config.token_budget, self.kv.device.num_blocks
+        budget, capacity = self.token_budget, self.kv.device.num_blocks
+        config = self.config
         chosen: list[tuple[Request, int]] = []
         not_chosen: list[Request] = []
         if ranked and ranked[-1].sched_class is SchedClass.BACKGROUND:   # rank() put them last
@@ -255,7 +269,7 @@ class Scheduler:
             capacity -= self._footprint(foreground.chosen)
             self._fill(ranked[split:], budget, capacity, foreground.chosen, foreground.not_chosen)
             return foreground
-        cap = self.config.speculative_tokens
+        cap = config.speculative_tokens_of(budget)
         if cap is None:
             self._fill(ranked, budget, capacity, chosen, not_chosen)
             return Plan(chosen, not_chosen)
@@ -264,9 +278,10 @@ class Scheduler:
             self._fill(ranked, budget, capacity, chosen, not_chosen)
             return Plan(chosen, not_chosen)
         partial = [r for r in ranked if not r.context_complete] if complete else ranked
-        reserved = min(self.config.speculative_reserve, cap, sum(max(r.num_schedulable_tokens, 0) for r in partial))
+        reserve = config.speculative_reserve_of(budget)
+        reserved = min(reserve, cap, sum(max(r.num_schedulable_tokens, 0) for r in partial))
         budget_left, capacity = self._fill(complete, budget - reserved, capacity, chosen, not_chosen)
-        partial_budget = min(max(cap, self.config.speculative_append_tokens), budget_left + reserved)
+        partial_budget = min(max(cap, config.speculative_append_tokens_of(budget)), budget_left + reserved)
         if any(not r.is_decoding for r, _ in chosen):
             # A complete prompt prefills this step, and its first token waits for the whole step:
             # the partial tier gets only the reserve, so the step is its tokens and little more.
@@ -277,7 +292,7 @@ class Scheduler:
             split = next(i for i, r in enumerate(partial) if r.sched_class is SchedClass.INGEST)
             partial_budget, capacity = self._fill(partial[:split], partial_budget, capacity, chosen, not_chosen,
                                                   replaceable_budget=cap)
-            self._fill(partial[split:], min(partial_budget, self.config.speculative_reserve), capacity, chosen,
+            self._fill(partial[split:], min(partial_budget, reserve), capacity, chosen,
                        not_chosen)
             return Plan(chosen, not_chosen)
         self._fill(partial, partial_budget, capacity, chosen, not_chosen, replaceable_budget=cap)
@@ -366,7 +381,7 @@ class Scheduler:
 
     def _add_drafts(self, out: SchedulerOutput, drafts: dict[str, list[int]]) -> None:
         """Grow one-token decode chunks by their drafts, within the budget left and free blocks."""
-        budget = self.config.token_budget - out.num_tokens
+        budget = self.token_budget - out.num_tokens
         bs = self.kv.block_size
         for chunk in out.chunks:
             if budget <= 0:

@@ -4,7 +4,9 @@ Set `STREAMRAG_STEP_LOG=PREFIX` for the native engine (`STREAMRAG_VLLM_STEP_LOG`
 scheduler class inside vLLM) and each service process appends to `PREFIX.<pid>.jsonl`. Every
 line has `t` (wall time at the step's start, `time.time()`), `scheduled` (request id -> tokens
 this step) and `complete` (the ids among them whose context was complete); a backend adds its
-own counters. `gc_ms` is the time the process spent in Python's garbage collector since the
+own counters (the native engine: `budget`, the step's token budget, `step_ms`, its wall time from
+scheduling to sampling, and, when steps are bounded in time, `predicted_ms`, what the step-time model
+of step_budget.py predicted for it). `gc_ms` is the time the process spent in Python's garbage collector since the
 previous line, and `gc_gen2` how many of those collections were full (generation 2) ones: a step
 that takes far longer than its tokens explain can be checked against it. `python -m load_tests.who`
 reads the log beside a `bench replay` run: whose work ran while a slow request waited for its

@@ -3,6 +3,8 @@ raised events), read the engine into the service's `InferenceMetrics`."""
 
 from __future__ import annotations
 
+from prometheus_client import Gauge
+
 from inference_svc.engine.engine import Engine
 from inference_svc.engine.events import EngineEvent, EventKind
 from inference_svc.rpc.metrics import InferenceMetrics
@@ -12,12 +14,16 @@ class StepMetrics:
     def __init__(self, metrics: InferenceMetrics) -> None:
         self.metrics = metrics
         self._drafts_seen = (0, 0)
+        # the native engine's own: the last step's token budget (below --token-budget when bounded in time)
+        self.step_budget = Gauge("streamrag_engine_step_token_budget", "Token budget of the last engine step",
+                                 registry=metrics.registry)
 
     def observe(self, engine: Engine, seconds: float | None, events: list[EngineEvent]) -> None:
         """Called on the engine thread after each step (seconds) and after commands (None)."""
         m = self.metrics
         if seconds is not None:
             m.step_latency.observe(seconds)
+            self.step_budget.set(engine.last_step.budget)
             for depth in engine.last_step.depths:
                 m.draft_depth.observe(depth)
         self._observe_drafts(engine.counters.draft_tokens, engine.counters.accepted_draft_tokens)

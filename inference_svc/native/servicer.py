@@ -87,7 +87,7 @@ class NativeServicer(StreamServicerBase):
                    for pool in engine.scheduler.pools()],
             num_running=states.count("running"), num_waiting=states.count("waiting"),
             num_swapped=states.count("swapped"), policy=engine.policy.name,
-            token_budget=engine.config.token_budget, model=self.model_info.model, num_sessions=num_sessions,
+            token_budget=engine.scheduler.token_budget, model=self.model_info.model, num_sessions=num_sessions,
             counters=inference_pb2.EngineCounters(
                 requests_received=c.requests_received, requests_finished=c.requests_finished,
                 requests_aborted=c.requests_aborted, prompt_tokens_computed=c.prompt_tokens_computed,

@@ -84,7 +84,7 @@ def test_a_target_is_met_missed_or_met_only_on_the_median_by_its_measured_value(
     assert lines[0].endswith("one slow seed")
     assert lines[1].startswith("- **Missed**: b;") and lines[1].endswith("2.50x. the bound")
     assert "- **Met on the median" in lines[2] and "1.20x" in lines[2]      # the lower of the two medians
-    assert lines[3] == "- **Met**: gap; target ≤ 2.0%, measured 0.5%."
+    assert lines[3] == "- **Met**: gap (target ≤ 2.0%, measured 0.5%)."
 
 
 def test_nothing_under_docs_is_named_after_how_the_work_was_organised() -> None:

@@ -1,0 +1,183 @@
+"""Where the soak finds the stack's services and how it hurts them: `streamrag up`'s run directory
+(processes) or a compose project (containers).
+
+Both give the same few things: the orchestrator's address and key, the inference replicas, an
+`incarnation` of each service that changes when it is started again, whether it is up (running
+and answering its health check), a signal (`kill`: SIGKILL; `stop`/`cont`: SIGSTOP/SIGCONT) and
+each replica's KV pools (free, total) for the leak check.
+
+The run directory is read as `streamrag.stack.state` writes it (state.json: per service its
+name, kind, health target, pid and /proc start time); `load_tests` may not import `streamrag`, so
+this reads the file, not the module. A signal goes to the service's whole process group (each
+service runs in its own session), as `docker kill` reaches a whole container.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from servicekit.health import check_health
+
+SIGNALS = {"kill": signal.SIGKILL, "stop": signal.SIGSTOP, "cont": signal.SIGCONT}
+# How each kind of service in state.json is probed (the local stack's plan says the same).
+CHECK_OF_KIND = {"redis": "redis", "corpus": "http", "gateway": "http", "retriever": "grpc", "inference": "grpc",
+                 "orchestrator": "grpc"}
+
+
+@dataclass(frozen=True)
+class ServiceInfo:
+    name: str          # "inference-0", "anns", "crawler", "orchestrator", "redis", ...
+    kind: str          # "inference", "retriever", "orchestrator", "redis", "corpus", "gateway"
+    target: str        # what its health check probes (host:port, URL)
+
+
+def start_ticks(pid: int) -> int | None:
+    """A live process's start time from /proc (None: gone or a zombie)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return None if fields[0] in ("Z", "X") else int(fields[19])
+
+
+def pool_stats(address: str, timeout_s: float = 5.0) -> dict[str, tuple[int, int]]:
+    """{pool: (free, total)} of one inference replica (GetStats)."""
+    import grpc
+
+    from protos import inference_pb2, inference_pb2_grpc
+
+    with grpc.insecure_channel(address) as channel:
+        stats = inference_pb2_grpc.InferenceStub(channel).GetStats(inference_pb2.GetStatsRequest(),
+                                                                   timeout=timeout_s).stats
+    return {p.name: (p.free_blocks, p.total_blocks) for p in stats.pools}
+
+
+class LocalStack:
+    """A stack `streamrag up` started, found through its run directory."""
+
+    def __init__(self, run_dir: Path) -> None:
+        self.run_dir = run_dir
+        state = self._state()
+        if state is None:
+            raise FileNotFoundError(f"no stack is up in {run_dir} (no state.json)")
+        by_name = {s["name"]: s for s in state["services"]}
+        self.orchestrator = by_name["orchestrator"]["target"]
+        key_file = state["options"].get("api_key_file")
+        self.key = Path(key_file).read_text().strip() if key_file else os.environ.get("STREAMRAG_API_KEY") or None
+        self.dtype = state["options"].get("dtype", "")
+        self.services = {s["name"]: ServiceInfo(s["name"], s["kind"], s["target"]) for s in state["services"]}
+
+    def _state(self) -> dict | None:
+        for _ in range(20):                      # written by os.replace: a read never sees half a file
+            try:
+                return json.loads((self.run_dir / "state.json").read_text())
+            except FileNotFoundError:
+                return None
+            except ValueError:
+                time.sleep(0.05)
+        return None
+
+    def _record(self, name: str) -> dict:
+        state = self._state()
+        if state is None:
+            raise RuntimeError(f"the stack in {self.run_dir} is gone")
+        return next(s for s in state["services"] if s["name"] == name)
+
+    @property
+    def replicas(self) -> list[ServiceInfo]:
+        return [s for s in self.services.values() if s.kind == "inference"]
+
+    def incarnation(self, name: str) -> str | None:
+        """The running process as "pid/start" (None: not running)."""
+        record = self._record(name)
+        pid, started = record.get("pid"), record.get("started")
+        if pid is None or start_ticks(pid) != started:
+            return None
+        return f"{pid}/{started}"
+
+    def is_up(self, name: str, timeout_s: float = 2.0) -> bool:
+        service = self.services[name]
+        return self.incarnation(name) is not None and \
+            check_health(CHECK_OF_KIND[service.kind], service.target, timeout_s) is None
+
+    def signal(self, name: str, action: str) -> str:
+        """Send `action`'s signal to the service's process group; returns what was hit ("pid 123")."""
+        record = self._record(name)
+        pid = record.get("pid")
+        if pid is None or start_ticks(pid) != record.get("started"):
+            raise ProcessLookupError(f"{name} is not running")
+        os.killpg(pid, SIGNALS[action])
+        return f"pid {pid}"
+
+    def pools(self, replica: ServiceInfo) -> dict[str, tuple[int, int]]:
+        return pool_stats(replica.target)
+
+
+class ComposeStack:
+    """A compose project's containers (`docker-compose -p PROJECT -f FILE`), the orchestrator published on
+    `orchestrator`. A kill is SIGKILL of the container's main process from the host: Docker counts
+    `docker kill` as a deliberate stop and its restart policy leaves the container down, while a
+    crash is restarted. A freeze is `docker kill -s STOP` (and `-s CONT`), which leaves it running."""
+
+    REPLICAS = ("inference-0", "inference-1")
+    KINDS = {"redis": "redis", "corpus": "corpus", "anns": "retriever", "crawler": "retriever",
+             "inference-0": "inference", "inference-1": "inference", "orchestrator": "orchestrator"}
+    REPLICA_PORT = 50052
+
+    def __init__(self, compose: list[str], project: str, compose_file: Path, orchestrator: str,
+                 cwd: Path, env: dict[str, str] | None = None, key: str | None = None) -> None:
+        self.base = [*compose, "-p", project, "-f", str(compose_file)]
+        self.cwd, self.env, self.orchestrator, self.key, self.dtype = cwd, env, orchestrator, key, "float32"
+        self.services = {name: ServiceInfo(name, kind, name) for name, kind in self.KINDS.items()}
+
+    def _container(self, name: str) -> str:
+        out = subprocess.run([*self.base, "ps", "-q", name], cwd=self.cwd, env=self.env, capture_output=True,
+                             text=True, timeout=60)
+        return out.stdout.strip()
+
+    def _inspect(self, name: str) -> dict:
+        out = subprocess.run(["docker", "inspect", self._container(name)], capture_output=True, text=True,
+                             timeout=60)
+        return json.loads(out.stdout)[0] if out.returncode == 0 else {}
+
+    @property
+    def replicas(self) -> list[ServiceInfo]:
+        return [self.services[name] for name in self.REPLICAS]
+
+    def incarnation(self, name: str) -> str | None:
+        state = self._inspect(name).get("State", {})
+        return f"{state['Pid']}/{state['StartedAt']}" if state.get("Running") and state.get("Pid") else None
+
+    def is_up(self, name: str, timeout_s: float = 2.0) -> bool:
+        state = self._inspect(name).get("State", {})
+        return bool(state.get("Running")) and state.get("Health", {}).get("Status", "healthy") == "healthy"
+
+    def signal(self, name: str, action: str) -> str:
+        if action == "kill":
+            pid = self._inspect(name)["State"]["Pid"]
+            os.kill(pid, signal.SIGKILL)
+            return f"container {name} pid {pid}"
+        sig = {"stop": "STOP", "cont": "CONT"}[action]
+        subprocess.run(["docker", "kill", "-s", sig, self._container(name)], check=True, capture_output=True,
+                       timeout=60)
+        return f"container {name}"
+
+    def pools(self, replica: ServiceInfo) -> dict[str, tuple[int, int]]:
+        code = ("import json; from load_tests.chaos.stacks import pool_stats; "
+                f"print(json.dumps(pool_stats('127.0.0.1:{self.REPLICA_PORT}')))")
+        out = subprocess.run(["docker", "exec", self._container(replica.name), "python", "-c", code],
+                             capture_output=True, text=True, timeout=60)
+        if out.returncode != 0:       # the image holds no load_tests: ask through protos alone
+            code = ("import json, grpc; from protos import inference_pb2 as p, inference_pb2_grpc as g; "
+                    f"s = g.InferenceStub(grpc.insecure_channel('127.0.0.1:{self.REPLICA_PORT}'))"
+                    ".GetStats(p.GetStatsRequest(), timeout=5).stats; "
+                    "print(json.dumps({x.name: [x.free_blocks, x.total_blocks] for x in s.pools}))")
+            out = subprocess.run(["docker", "exec", self._container(replica.name), "python", "-c", code],
+                                 capture_output=True, text=True, timeout=60, check=True)
+        return {name: tuple(v) for name, v in json.loads(out.stdout).items()}

@@ -1,0 +1,243 @@
+"""The load: users asking questions (locust-style: each user a loop of ask, then think) and one
+session ingesting data, each call recorded with its times and outcome.
+
+The question set is deterministic: the first `questions` lines of load_tests/questions.txt, each
+asked with each retriever (anns, crawler, both), streamed and not, in an order fixed by the
+seed. Every ask has a deadline (the gRPC timeout); one that ends by it without an answer is hung.
+Users open their channel with the services' short reconnect back-off (servicekit.channels), so a
+restarted orchestrator is dialled again within 2 s, as any well-configured client would.
+"""
+
+from __future__ import annotations
+
+import collections
+import random
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+RETRIEVERS = ("anns", "crawler", "both")
+QUESTIONS_FILE = Path(__file__).resolve().parent.parent / "questions.txt"
+HANG_MARGIN_S = 1.0           # an ask that ended this close to its deadline without an answer ran out of it
+
+
+@dataclass(frozen=True)
+class AskSpec:
+    question: str
+    retriever: str             # anns, crawler or both
+    streamed: bool
+
+
+def load_questions(limit: int, path: Path = QUESTIONS_FILE) -> list[str]:
+    lines = [line.strip() for line in path.read_text().splitlines()]
+    return [line for line in lines if line and not line.startswith("#")][:limit]
+
+
+def ask_mix(questions: list[str], seed: int) -> list[AskSpec]:
+    specs = [AskSpec(q, r, s) for q in questions for r in RETRIEVERS for s in (True, False)]
+    random.Random(seed).shuffle(specs)
+    return specs
+
+
+@dataclass
+class AskOutcome:
+    user: int
+    spec: AskSpec
+    start: float                       # monotonic
+    end: float = 0.0
+    deadline_s: float = 0.0
+    ok: bool = False
+    code: str = ""                     # gRPC status name of a failure ("" when answered)
+    detail: str = ""
+    request_id: str = ""
+    replica: str = ""
+    answer: str = ""
+    sources: tuple[str, ...] = ()      # ids of the documents in the final prompt, in order
+    retrieved_from: tuple[str, ...] = ()   # retrievers whose chunks arrived
+    lifecycle: dict[str, int] = field(default_factory=dict)   # kinds the client saw -> count
+    chunks: int = 0                    # retrieval chunks the client saw
+
+    @property
+    def hung(self) -> bool:
+        """No answer and no clear status before the deadline: the call ran out of it."""
+        return not self.ok and (self.code == "DEADLINE_EXCEEDED"
+                                or self.end - self.start >= self.deadline_s - HANG_MARGIN_S)
+
+
+def orchestrator_channel(address: str, key: str | None):
+    from servicekit.auth import keyed_channel
+    from servicekit.channels import RECONNECT_OPTIONS
+
+    return keyed_channel(address, options=RECONNECT_OPTIONS, key=key)
+
+
+def ask_once(stub, spec: AskSpec, user: int, deadline_s: float, max_tokens: int) -> AskOutcome:
+    """One Ask, recorded (never raises for a failed call)."""
+    import grpc
+
+    from protos import common_pb2, orchestrator_pb2
+
+    choice = {"anns": orchestrator_pb2.RETRIEVER_CHOICE_ANNS, "crawler": orchestrator_pb2.RETRIEVER_CHOICE_CRAWLER,
+              "both": orchestrator_pb2.RETRIEVER_CHOICE_BOTH}[spec.retriever]
+    request = orchestrator_pb2.AskRequest(question=spec.question, retriever=choice, no_stream=not spec.streamed,
+                                          max_tokens=max_tokens)
+    out = AskOutcome(user, spec, time.monotonic(), deadline_s=deadline_s)
+    kinds: collections.Counter = collections.Counter()
+    sources: set[str] = set()
+    try:
+        for response in stub.Ask(request, timeout=deadline_s):
+            event = response.event
+            kind = event.WhichOneof("kind")
+            if kind == "started":
+                out.request_id, out.replica = event.started.request_id, event.started.replica
+            elif kind == "retrieval":
+                out.chunks += 1
+                sources.add(event.retrieval.source)
+            elif kind == "lifecycle":
+                kinds[common_pb2.LifecycleEventKind.Name(event.lifecycle.kind).removeprefix("LIFECYCLE_EVENT_KIND_")] += 1
+            elif kind == "done":
+                out.ok, out.answer, out.replica = True, event.done.answer, event.done.replica
+                out.sources = tuple(d.id for d in event.done.sources)
+        if not out.ok:
+            out.code, out.detail = "NO_DONE", "the stream ended without done"
+    except grpc.RpcError as exc:
+        out.code, out.detail = exc.code().name, (exc.details() or "")[:300]
+    out.end = time.monotonic()
+    out.lifecycle, out.retrieved_from = dict(kinds), tuple(sorted(sources))
+    return out
+
+
+@dataclass
+class Users:
+    """`count` users asking from `specs` (each user starts at its own offset), thinking `think_s` between asks."""
+
+    address: str
+    key: str | None
+    specs: list[AskSpec]
+    count: int
+    deadline_s: float
+    max_tokens: int
+    think_s: tuple[float, float] = (1.0, 3.0)
+    seed: int = 0
+    outcomes: list[AskOutcome] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.quit = threading.Event()
+        self.lock = threading.Lock()
+        self.threads = [threading.Thread(target=self._user, args=(u,), name=f"chaos-user-{u}", daemon=True)
+                        for u in range(self.count)]
+
+    def start(self) -> None:
+        for thread in self.threads:
+            thread.start()
+
+    def finish(self) -> None:
+        """No new asks; wait for those in flight (each ends by its deadline)."""
+        self.quit.set()
+        for thread in self.threads:
+            thread.join()
+
+    def _user(self, user: int) -> None:
+        from protos import orchestrator_pb2_grpc
+
+        rng = random.Random(self.seed * 1000 + user)
+        step = max(1, len(self.specs) // max(1, self.count))
+        i = user * step
+        with orchestrator_channel(self.address, self.key) as channel:
+            stub = orchestrator_pb2_grpc.OrchestratorStub(channel)
+            while not self.quit.is_set():
+                outcome = ask_once(stub, self.specs[i % len(self.specs)], user, self.deadline_s, self.max_tokens)
+                with self.lock:
+                    self.outcomes.append(outcome)
+                i += 1
+                self.quit.wait(rng.uniform(*self.think_s))
+
+
+def run_all(address: str, key: str | None, specs: list[AskSpec], concurrency: int, deadline_s: float,
+            max_tokens: int) -> list[AskOutcome]:
+    """Each spec once, `concurrency` at a time (the fault-free reference pass)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from protos import orchestrator_pb2_grpc
+
+    with orchestrator_channel(address, key) as channel:
+        stub = orchestrator_pb2_grpc.OrchestratorStub(channel)
+        with ThreadPoolExecutor(concurrency) as pool:
+            return list(pool.map(lambda s: ask_once(stub, s, -1, deadline_s, max_tokens), specs))
+
+
+@dataclass
+class CallOutcome:
+    what: str                          # "create", "ingest", "query", "close"
+    start: float
+    end: float = 0.0
+    ok: bool = False
+    code: str = ""
+    detail: str = ""
+
+
+@dataclass
+class IngestingSession:
+    """One session fed a small batch every `every_s` (and asked about it every few batches) through the
+    orchestrator's Sessions service; a session lost with its replica is created again."""
+
+    address: str
+    key: str | None
+    every_s: float = 2.0
+    deadline_s: float = 60.0
+    calls: list[CallOutcome] = field(default_factory=list)
+    session_id: str = ""
+
+    def __post_init__(self) -> None:
+        self.quit = threading.Event()
+        self.thread = threading.Thread(target=self._run, name="chaos-session", daemon=True)
+
+    def start(self) -> None:
+        self.thread.start()
+
+    def finish(self) -> None:
+        self.quit.set()
+        self.thread.join()
+
+    def _call(self, what: str, fn) -> object | None:
+        import grpc
+
+        call = CallOutcome(what, time.monotonic())
+        try:
+            result = fn()
+            call.ok = True
+        except grpc.RpcError as exc:
+            result, call.code, call.detail = None, exc.code().name, (exc.details() or "")[:300]
+        call.end = time.monotonic()
+        self.calls.append(call)
+        return result
+
+    def _run(self) -> None:
+        from protos import common_pb2, sessions_pb2, sessions_pb2_grpc
+
+        with orchestrator_channel(self.address, self.key) as channel:
+            stub = sessions_pb2_grpc.SessionsStub(channel)
+            batch, created = 0, False
+            while not self.quit.is_set():
+                if not created:
+                    self.session_id = f"chaos-{time.time_ns()}"
+                    created = self._call("create", lambda: stub.CreateSession(sessions_pb2.CreateSessionRequest(
+                        session_id=self.session_id, instructions="Answer from the log lines below.",
+                        retention_tokens=1024), timeout=self.deadline_s)) is not None
+                else:
+                    batch += 1
+                    lines = [common_pb2.Segment(text=f"line {batch}.{j}: service check {batch * 4 + j} ok")
+                             for j in range(4)]
+                    request = sessions_pb2.IngestRequest(session_id=self.session_id, segments=lines)
+                    self._call("ingest", lambda: stub.Ingest(iter([request]), timeout=self.deadline_s))
+                    if batch % 5 == 0:
+                        query = sessions_pb2.QueryRequest(session_id=self.session_id, question="Which check was last?",
+                                                          sampling=common_pb2.SamplingParams(max_tokens=4))
+                        self._call("query", lambda: list(stub.Query(query, timeout=self.deadline_s)))
+                    if self.calls[-1].code == "NOT_FOUND":
+                        created = False
+                self.quit.wait(self.every_s)
+            if created:
+                self._call("close", lambda: stub.CloseSession(sessions_pb2.CloseSessionRequest(
+                    session_id=self.session_id), timeout=self.deadline_s))
