@@ -44,10 +44,9 @@ log = logging.getLogger(__name__)
 class GatewaySettings:
     """Where the services are and who may call."""
 
-    orchestrator: str = f"127.0.0.1:{DEFAULT_PORTS['orchestrator']}"
-    inference: tuple[str, ...] = (f"127.0.0.1:{DEFAULT_PORTS['inference']}",)
+    orchestrator: str = f"127.0.0.1:{DEFAULT_PORTS['orchestrator']}"    # every request goes there
     api_keys: tuple[str, ...] = ()            # none: no key needed
-    upstream_tls: TlsFiles | None = None      # with a CA: TLS (mutual with a cert) to every service
+    upstream_tls: TlsFiles | None = None      # with a CA: TLS (mutual with a cert) to the orchestrator
     max_body_bytes: int = MAX_BODY_BYTES
 
 
@@ -66,7 +65,7 @@ def _validation_error(exc: RequestValidationError) -> GatewayError:
 def build_app(settings: GatewaySettings) -> FastAPI:
     metrics = GatewayMetrics()
     keys = ApiKeys(settings.api_keys)
-    upstream = Upstream(settings.orchestrator, settings.inference, keys.own, settings.upstream_tls)
+    upstream = Upstream(settings.orchestrator, keys.own, settings.upstream_tls)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:

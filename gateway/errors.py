@@ -51,7 +51,7 @@ def error_body(status: int, message: str, *, code: str | None = None, param: str
 def from_grpc(exc: grpc.RpcError) -> GatewayError:
     """The HTTP error for a failed call to a service."""
     code, details = exc.code(), exc.details() or ""
-    if code == grpc.StatusCode.RESOURCE_EXHAUSTED and details.startswith(PROMPT_TOO_LONG):
+    if code == grpc.StatusCode.RESOURCE_EXHAUSTED and PROMPT_TOO_LONG in details:   # Ask: "inference failed: ..."
         return GatewayError(400, details, code="context_length_exceeded")
     return GatewayError(GRPC_TO_HTTP.get(code, 502), f"{code.name}: {details}", code=code.name.lower())
 

@@ -1,8 +1,9 @@
 """One generation on a service, as the HTTP side sees it: text pieces, then a `Finish`.
 
-`start_generation` decides where a request goes: `Orchestrator.Ask` when it wants retrieval
-(model `streamrag-rag` or a `retrieval` field), else `Inference.Generate` on a replica the
-gateway picks, with the prompt built by the endpoint for that replica's chat format.
+`start_generation` decides what a request asks the orchestrator: `Orchestrator.Ask` when it
+wants retrieval (model `streamrag-rag` or a `retrieval` field), else `Inference.Generate` on
+its `Inference` service (a replica its router picks; the request is recorded like an Ask), with
+the prompt built by the endpoint for the served model's chat format.
 
 A `Generation` wraps the gRPC call. `first_output()` waits for the first token (or the end):
 an error before it is an HTTP error status; after it, the stream is already answered with 200
@@ -131,20 +132,20 @@ class Generation:
 async def start_generation(upstream: Upstream, request: GenerationRequest, request_id: str, *,
                            question: str, prompt: Callable[[inference_pb2.ChatFormat], list[common_pb2.Segment]],
                            ) -> Generation:
-    """Open the call for `request`: an Ask when it wants retrieval, else a Generate on a replica."""
+    """Open the call for `request`: an Ask when it wants retrieval, else a Generate (both on the orchestrator)."""
     sampling = sampling_params(request)
     if request.uses_retrieval:
         if request.model != RAG_MODEL:
-            await upstream.pick_replica(request.model)       # 404 for a model no replica serves
+            await upstream.model_info(request.model)          # 404 for a model no replica serves
         retrieval = request.retrieval
         ask = orchestrator_pb2.AskRequest(
             question=question, request_id=request_id, sampling=sampling, max_tokens=sampling.max_tokens,
             retriever=RETRIEVER_CHOICES[retrieval.retriever] if retrieval else 0,
             collection=retrieval.collection if retrieval else "", top_k=(retrieval.top_k or 0) if retrieval else 0)
-        call = upstream.orchestrator.Ask(ask, timeout=REQUEST_TIMEOUT_S, metadata=upstream.orchestrator_metadata)
+        call = upstream.orchestrator.Ask(ask, timeout=REQUEST_TIMEOUT_S, metadata=upstream.metadata)
         return Generation(call, _ask_finish, "rag")
-    replica, info = await upstream.pick_replica(request.model)
+    info = await upstream.model_info(request.model)
     generate = inference_pb2.GenerateRequest(request_id=request_id, segments=prompt(info.chat_format),
                                              sampling=sampling)
-    call = replica.stub.Generate(generate, timeout=REQUEST_TIMEOUT_S)
+    call = upstream.inference.Generate(generate, timeout=REQUEST_TIMEOUT_S, metadata=upstream.plain_metadata(question))
     return Generation(call, _inference_finish, "plain")

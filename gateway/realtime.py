@@ -137,9 +137,8 @@ class RealtimeConnection:
         model = self.session.model or next(iter(await self.upstream.served_models()), None)
         if model is None:
             raise GatewayError(503, "no inference replica is reachable")
-        replica, info = await self.upstream.pick_replica(model)
-        self.chat = info.chat_format
-        self.call = replica.stub.StreamPrompt(timeout=REQUEST_TIMEOUT_S)
+        self.chat = (await self.upstream.model_info(model)).chat_format
+        self.call = self.upstream.inference.StreamPrompt(timeout=REQUEST_TIMEOUT_S, metadata=self.upstream.metadata)
         self.forwarder = asyncio.create_task(self._forward(), name=f"realtime-{self.request_id}")
         await self._send(open=inference_pb2.PromptOpen(
             request_id=self.request_id, sampling=sampling_params(self.session),

@@ -1,6 +1,6 @@
 """`streamrag serve gateway`: the OpenAI-compatible HTTP gateway, served by uvicorn.
 
-    streamrag serve gateway --orchestrator 127.0.0.1:50051 --inference 127.0.0.1:50052
+    streamrag serve gateway --orchestrator 127.0.0.1:50051
     STREAMRAG_API_KEY=... streamrag serve gateway --tls-cert gateway.crt --tls-key gateway.key
     python -m gateway.server ...          # the same, without the CLI package (a compose image)
 """
@@ -12,7 +12,6 @@ import argparse
 import uvicorn
 
 from gateway.app import GatewaySettings, build_app
-from gateway.server_args import inference_addresses
 from servicekit.auth import load_api_keys
 from servicekit.server import configure_logging
 from servicekit.tls import TlsFiles, tls_from_args
@@ -33,7 +32,7 @@ def uvicorn_config(app, *, host: str, port: int, tls: TlsFiles | None, max_messa
 def settings_from_args(args: argparse.Namespace, tls: TlsFiles | None) -> GatewaySettings:
     if args.max_body_bytes < 1:
         raise SystemExit(f"error: --max-body-bytes must be >= 1, got {args.max_body_bytes}")
-    return GatewaySettings(orchestrator=args.orchestrator, inference=inference_addresses(args),
+    return GatewaySettings(orchestrator=args.orchestrator,
                            api_keys=load_api_keys(args.api_key_file),
                            upstream_tls=tls if tls is not None and tls.ca is not None else None,
                            max_body_bytes=args.max_body_bytes)
@@ -46,8 +45,8 @@ def main(args: argparse.Namespace) -> int:
     config = uvicorn_config(build_app(settings), host=args.host, port=args.port, tls=tls,
                             max_message_bytes=settings.max_body_bytes, log_level=args.log_level)
     scheme = "https" if tls is not None and tls.serves else "http"
-    print(f"gateway on {scheme}://{args.host}:{args.port} -> orchestrator {settings.orchestrator}, inference "
-          f"{', '.join(settings.inference)}{' (API key required)' if settings.api_keys else ''}", flush=True)
+    print(f"gateway on {scheme}://{args.host}:{args.port} -> orchestrator {settings.orchestrator}"
+          f"{' (API key required)' if settings.api_keys else ''}", flush=True)
     uvicorn.Server(config).run()
     return 0
 

@@ -1,6 +1,8 @@
 """Flags of `streamrag serve gateway` (light imports: `--help` stays instant).
 
 Every flag has a `STREAMRAG_GATEWAY_*` environment default; `STREAMRAG_API_KEY` adds one key.
+`--inference ADDR` (once the gateway's own replica list) is still accepted and ignored: every
+request goes through the orchestrator, whose router picks the replica.
 """
 
 from __future__ import annotations
@@ -21,21 +23,13 @@ def add_gateway_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--port", type=int, default=env("port", DEFAULT_PORTS["gateway"]),
                         help=f"HTTP(S) port (env {env_name('gateway', 'port')}; 0 picks a free one)")
     parser.add_argument("--orchestrator", default=env("orchestrator", f"127.0.0.1:{DEFAULT_PORTS['orchestrator']}"),
-                        help="the orchestrator's address (RAG requests: model streamrag-rag or a retrieval field)")
-    parser.add_argument("--inference", action="append", default=None,
-                        help="an inference replica for plain chats and the WebSocket, repeatable (env "
-                             f"{env_name('gateway', 'inference')}, comma-separated; default "
-                             f"127.0.0.1:{DEFAULT_PORTS['inference']})")
+                        help="the orchestrator's address: RAG requests are its Ask; plain chats, completions and the "
+                             "WebSocket its Inference service, which routes them to a replica and records them")
+    parser.add_argument("--inference", action="append", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--max-body-bytes", type=int, default=env("max_body_bytes", MAX_BODY_BYTES),
                         help="largest request body (and WebSocket message) accepted; larger ones get 413")
     parser.add_argument("--log-level", default=env("log_level", "INFO"))
     add_api_key_args(parser, "gateway")
-    add_tls_args(parser, "gateway", ca_help="CA certificate (PEM): dial the orchestrator and the replicas with TLS "
-                                            "and verify them (mutual TLS with --tls-cert/--tls-key)")
+    add_tls_args(parser, "gateway", ca_help="CA certificate (PEM): dial the orchestrator with TLS "
+                                            "and verify it (mutual TLS with --tls-cert/--tls-key)")
 
-
-def inference_addresses(args: argparse.Namespace) -> tuple[str, ...]:
-    if args.inference:
-        return tuple(args.inference)
-    listed = str(env_default("gateway", "inference", "") or "")
-    return tuple(a.strip() for a in listed.split(",") if a.strip()) or (f"127.0.0.1:{DEFAULT_PORTS['inference']}",)

@@ -1,23 +1,21 @@
-"""The services behind the gateway: the orchestrator, and the inference replicas plain chats go to.
+"""The service behind the gateway: the orchestrator, for every request.
 
-RAG requests go to the orchestrator (`Ask`), which has its own router. The Orchestrator API
-has no call that picks a replica for someone else's prompt, so for plain chats (and the
-WebSocket) the gateway keeps its own short replica list (`--inference ADDR`, repeatable) and
-picks per request, simply: it asks every replica serving the model for `GetStats` (0.5 s
-deadline) and takes the shortest queue (waiting + swapped), then the fewest active requests,
-then the first listed. A replica that does not answer is skipped for that request.
+RAG requests are `Orchestrator.Ask`. Plain chats and completions (`Inference.Generate`) and the
+WebSocket's streamed input (`Inference.StreamPrompt`) go to the orchestrator's `Inference`
+service (orchestrator/inference_proxy.py), which picks the replica with the same router as an
+Ask and records the request in the Redis lifecycle store like every Ask: the gateway keeps no
+replica list and no routing rule of its own.
 
-Each replica's `Describe` (model name, chat format) is asked once and cached. The gateway
-calls the orchestrator with its own API key (the first one it accepts) when it has keys, and
-dials every service with TLS when it has a CA (`servicekit.channels.open_channel`).
+The served model's `Describe` (name, chat format) is asked once and cached. The gateway calls
+with its own API key (the first one it accepts) when it has keys, and dials with TLS when it
+has a CA (`servicekit.channels.open_channel`). With a plain call it also names the question to
+record (`streamrag-question-bin` metadata: the user's last message).
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
-from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import grpc
 
@@ -29,77 +27,61 @@ from servicekit.tls import TlsFiles
 
 log = logging.getLogger(__name__)
 
-STATS_TIMEOUT_S = 0.5
 DESCRIBE_TIMEOUT_S = 2.0
-
-
-@dataclass(eq=False)
-class Replica:
-    address: str
-    stub: inference_pb2_grpc.InferenceStub
-    info: inference_pb2.ModelInfo | None = None     # Describe, once it answered
+QUESTION_METADATA = "streamrag-question-bin"     # orchestrator/inference_proxy.py reads it
+# gRPC refuses metadata over 8 KiB (soft) / 16 KiB (hard): the question is cut to this many bytes.
+QUESTION_METADATA_BYTES = 1024
 
 
 @dataclass
 class Upstream:
-    """Channels to the orchestrator and the replicas; open with `start()`, close with `close()`."""
+    """The channel to the orchestrator; open with `start()`, close with `close()`."""
 
     orchestrator_address: str
-    inference_addresses: Sequence[str]
     api_key: str | None = None
     tls: TlsFiles | None = None
-    replicas: list[Replica] = field(default_factory=list)
+    info: inference_pb2.ModelInfo | None = None      # the served model's Describe, once it answered
 
     async def start(self) -> None:
-        self._orchestrator_channel = open_channel(self.orchestrator_address, self.tls)
-        self.orchestrator = orchestrator_pb2_grpc.OrchestratorStub(self._orchestrator_channel)
-        self._channels = [open_channel(address, self.tls) for address in self.inference_addresses]
-        self.replicas = [Replica(address, inference_pb2_grpc.InferenceStub(channel))
-                         for address, channel in zip(self.inference_addresses, self._channels, strict=True)]
+        self._channel = open_channel(self.orchestrator_address, self.tls)
+        self.orchestrator = orchestrator_pb2_grpc.OrchestratorStub(self._channel)
+        self.inference = inference_pb2_grpc.InferenceStub(self._channel)
 
     async def close(self) -> None:
-        for channel in [self._orchestrator_channel, *self._channels]:
-            await channel.close()
+        await self._channel.close()
 
     @property
-    def orchestrator_metadata(self) -> tuple[tuple[str, str], ...]:
+    def metadata(self) -> tuple[tuple[str, str], ...]:
+        """What every call presents: the key."""
         return bearer_metadata(self.api_key)
 
-    async def describe(self, replica: Replica) -> inference_pb2.ModelInfo | None:
-        """The replica's ModelInfo (cached once it answered), None while it does not answer."""
-        if replica.info is None:
+    def plain_metadata(self, question: str) -> tuple[tuple[str, str | bytes], ...]:
+        """A plain call's metadata: the key and the question the lifecycle store records (its first KiB)."""
+        text = question.encode("utf-8")[:QUESTION_METADATA_BYTES].decode("utf-8", "ignore").encode("utf-8")
+        return (*self.metadata, *(((QUESTION_METADATA, text),) if text else ()))
+
+    async def describe(self) -> inference_pb2.ModelInfo | None:
+        """The served model's ModelInfo (cached once it answered), None while no replica answers."""
+        if self.info is None:
             try:
-                response = await replica.stub.Describe(inference_pb2.DescribeRequest(), timeout=DESCRIBE_TIMEOUT_S)
+                response = await self.inference.Describe(inference_pb2.DescribeRequest(), timeout=DESCRIBE_TIMEOUT_S,
+                                                         metadata=self.metadata)
             except grpc.RpcError as exc:
-                log.warning("replica %s: Describe failed: %s", replica.address, exc.code().name)
+                log.warning("Describe through the orchestrator failed: %s %s", exc.code().name, exc.details())
                 return None
-            replica.info = response.model_info
-        return replica.info
+            self.info = response.model_info
+        return self.info
 
     async def served_models(self) -> list[str]:
-        """The names of the models the reachable replicas serve, in replica order, each once."""
-        infos = await asyncio.gather(*(self.describe(r) for r in self.replicas))
-        return list(dict.fromkeys(info.model for info in infos if info is not None))
+        """The name of the model the replicas serve (none while no replica answers)."""
+        info = await self.describe()
+        return [info.model] if info is not None else []
 
-    async def pick_replica(self, model: str) -> tuple[Replica, inference_pb2.ModelInfo]:
-        """The replica serving `model` with the shortest queue (404 if none serves it, 503 if none answers)."""
-        infos = await asyncio.gather(*(self.describe(r) for r in self.replicas))
-        serving = [r for r, info in zip(self.replicas, infos, strict=True) if info is not None and info.model == model]
-        if not serving:
-            if any(info is not None for info in infos) or not self.replicas:
-                raise model_not_found(model)
+    async def model_info(self, model: str) -> inference_pb2.ModelInfo:
+        """The ModelInfo of `model` (404 if the replicas serve another, 503 if none answers)."""
+        info = await self.describe()
+        if info is None:
             raise GatewayError(503, "no inference replica is reachable")
-        stats = await asyncio.gather(*(self._stats(r) for r in serving))
-        ranked = [(s.num_waiting + s.num_swapped, s.num_active, i) for i, s in enumerate(stats) if s is not None]
-        if not ranked:
-            raise GatewayError(503, f"no inference replica serving {model!r} answers")
-        chosen = serving[min(ranked)[2]]
-        return chosen, chosen.info
-
-    async def _stats(self, replica: Replica) -> inference_pb2.EngineStats | None:
-        try:
-            response = await replica.stub.GetStats(inference_pb2.GetStatsRequest(), timeout=STATS_TIMEOUT_S)
-        except grpc.RpcError as exc:
-            log.warning("replica %s: GetStats failed: %s", replica.address, exc.code().name)
-            return None
-        return response.stats
+        if info.model != model:
+            raise model_not_found(model)
+        return info

@@ -12,3 +12,5 @@ BACKEND_CHOICES = ("native", "vllm")
 DEFAULT_BACKEND = "native"
 DEFAULT_MAX_STREAMS = 256           # open StreamPrompt/Generate calls per service
 DEFAULT_MAX_SESSIONS = 16           # open sessions per inference service (the Sessions service)
+ROLE_CHOICES = ("both", "prefill", "decode")   # disaggregated serving (docs/disagg.md): routing only
+DEFAULT_ROLE = "both"               # prefill and decode on this replica (colocated)

@@ -11,10 +11,12 @@ import argparse
 from pathlib import Path
 
 from inference_svc.engine.options import (
+    DEFAULT_BLEND_RECOMPUTE,
     DEFAULT_DEVICE,
     DEFAULT_DTYPE,
     DEFAULT_EVICTION,
     DEFAULT_KV_CPU_BLOCKS,
+    DEFAULT_KV_REUSE,
     DEFAULT_MAX_RUNNING,
     DEFAULT_POLICY,
     DEFAULT_SPECULATIVE_APPEND_SHARE,
@@ -24,12 +26,21 @@ from inference_svc.engine.options import (
     DEFAULT_TOKEN_BUDGET,
     DTYPE_CHOICES,
     EVICTION_CHOICES,
+    KV_REUSE_CHOICES,
     POLICY_CHOICES,
+    blend_recompute_arg,
     share_arg,
     speculative_share_arg,
     step_time_target_arg,
 )
-from inference_svc.options import BACKEND_CHOICES, DEFAULT_BACKEND, DEFAULT_MAX_SESSIONS, DEFAULT_MAX_STREAMS
+from inference_svc.options import (
+    BACKEND_CHOICES,
+    DEFAULT_BACKEND,
+    DEFAULT_MAX_SESSIONS,
+    DEFAULT_MAX_STREAMS,
+    DEFAULT_ROLE,
+    ROLE_CHOICES,
+)
 from servicekit.config import add_service_args, env_default
 from servicekit.tls import add_tls_args
 
@@ -51,6 +62,9 @@ def add_inference_args(parser: argparse.ArgumentParser) -> None:
     pool.add_argument("--kv-device-blocks", type=int, default=None, help="device KV pool size in blocks")
     pool.add_argument("--kv-device-bytes", type=int, default=None, help="device KV pool size in bytes")
     parser.add_argument("--kv-cpu-blocks", type=int, default=env("kv_cpu_blocks", DEFAULT_KV_CPU_BLOCKS))
+    parser.add_argument("--max-model-len", type=int, default=env("max_model_len", None),
+                        help="longest sequence (prompt + answer) served, at most the model's context (default); "
+                             "the device KV pool must hold one such sequence (checked at start-up)")
     parser.add_argument("--block-size", type=int, default=env("block_size", None),
                         help="tokens per KV block (default 16; vllm: 32 on CPU, vLLM's default on CUDA)")
     parser.add_argument("--token-budget", type=int, default=env("token_budget", DEFAULT_TOKEN_BUDGET),
@@ -72,6 +86,9 @@ def add_inference_args(parser: argparse.ArgumentParser) -> None:
                         help="open sessions (the Sessions service) allowed at once")
     parser.add_argument("--backend", default=env("backend", DEFAULT_BACKEND), choices=BACKEND_CHOICES,
                         help="native (default) or vllm (needs the vllm extra, see docs/vllm.md)")
+    parser.add_argument("--role", default=env("role", DEFAULT_ROLE), choices=ROLE_CHOICES,
+                        help="what the router uses this replica for: both (default), prefill or decode "
+                             "(disaggregated serving, docs/disagg.md; native backend)")
     parser.add_argument("--log-level", default=env("log_level", "INFO"))
     add_tls_args(parser, "inference")
 
@@ -91,3 +108,10 @@ def add_speculative_args(parser: argparse.ArgumentParser, env=lambda key, defaul
                         help=f"most of the token budget append-mode prompts still receiving context may use per "
                              f"step (default {DEFAULT_SPECULATIVE_APPEND_SHARE}); --speculative-share bounds "
                              f"update-mode prompts, whose prefill ahead a refinement may replace")
+    parser.add_argument("--kv-reuse", choices=KV_REUSE_CHOICES, default=env("kv_reuse", DEFAULT_KV_REUSE),
+                        help=f"native engine: KV reuse of requests that name none (default {DEFAULT_KV_REUSE}); "
+                             "blend reuses cached retrieved passages at new positions, approximately")
+    parser.add_argument("--blend-recompute", type=blend_recompute_arg,
+                        default=env("blend_recompute", str(DEFAULT_BLEND_RECOMPUTE)),
+                        help=f"native engine, blend: share of a reused passage's tokens recomputed, in [0, 1] "
+                             f"(default {DEFAULT_BLEND_RECOMPUTE})")

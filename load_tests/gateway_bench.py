@@ -9,6 +9,13 @@ Per pair, measured by this client:
     ttft_added_s          gateway TTFT - gRPC TTFT (from the call to the first answer token)
     per_token_added_s     the mean gap between answer tokens through the gateway - over gRPC
 
+Then, per seed, the locust user class of load_tests/locust_gateway.py (streamed chat
+completions on `streamrag-rag`, seeded) runs headless against the gateway, 20 users for 2
+minutes (`--locust-users`, `--locust-seconds`; 0 seconds skips it): its request and failure
+counts and the TTFT it saw. Last, every replica named by `--inference` (default the stack's
+first) must have all its KV blocks free (polled with `GetStats` for up to 60 s: aborted requests
+free theirs at the engine's next step).
+
 Each seed (0..N-1) shuffles the questions; the JSON has p50/p99 per seed and, at the top, the
 median over seeds with its min-max spread (load_tests/seeds.py). Against a running stack with its
 gateway (`streamrag up`):
@@ -21,11 +28,15 @@ gateway (`streamrag up`):
 from __future__ import annotations
 
 import argparse
+import csv
 import itertools
 import os
 import platform
 import random
 import statistics
+import subprocess
+import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -34,7 +45,7 @@ import grpc
 
 from load_tests.cli_types import positive_int, write_json
 from load_tests.seeds import spread
-from protos import common_pb2, orchestrator_pb2, orchestrator_pb2_grpc
+from protos import common_pb2, inference_pb2, inference_pb2_grpc, orchestrator_pb2, orchestrator_pb2_grpc
 from servicekit.auth import API_KEY_ENV, bearer_metadata
 from servicekit.config import DEFAULT_PORTS
 from servicekit.progress import say
@@ -57,6 +68,11 @@ def add_bench_gateway_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seeds", type=positive_int, default=3, help="runs (seeds 0..N-1); medians are reported")
     parser.add_argument("--api-key", default=os.environ.get(API_KEY_ENV), help=f"API key (default ${API_KEY_ENV})")
     parser.add_argument("--ca", type=Path, default=None, help="CA certificate that signed an HTTPS gateway's")
+    parser.add_argument("--locust-users", type=positive_int, default=20, help="locust users per seed")
+    parser.add_argument("--locust-seconds", type=int, default=120, help="locust run per seed (0: none)")
+    parser.add_argument("--inference", action="append", default=None,
+                        help=f"a replica whose KV blocks must all be free afterwards, repeatable (default "
+                             f"127.0.0.1:{DEFAULT_PORTS['inference']})")
     parser.add_argument("--json", type=Path, default=None, help="write the results here")
 
 
@@ -137,14 +153,66 @@ def run_seed(clients: Clients, questions: list[str], seed: int, count: int) -> d
     return summary
 
 
+LOCUSTFILE = Path(__file__).with_name("locust_gateway.py")
+KV_FREE_WAIT_S = 60.0
+
+
+def run_locust(args: argparse.Namespace, seed: int) -> dict[str, Any]:
+    """The locust user class headless against the gateway; its counts and TTFT from locust's CSV."""
+    with tempfile.TemporaryDirectory(prefix="streamrag-locust-") as out:
+        prefix = Path(out) / "gateway"
+        command = [sys.executable, "-m", "locust", "-f", str(LOCUSTFILE), "--headless", "--only-summary",
+                   "-u", str(args.locust_users), "-r", str(args.locust_users), "-t", f"{args.locust_seconds}s",
+                   "--host", args.gateway, "--csv", str(prefix), "--chat-seed", str(seed),
+                   "--chat-retriever", args.retriever, "--chat-max-tokens", str(args.max_tokens)]
+        env = {**os.environ, "LOCUST_CHAT_API_KEY": args.api_key or ""}
+        say(f"seed {seed}: locust, {args.locust_users} users for {args.locust_seconds} s")
+        done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=args.locust_seconds + 300)
+        stats = Path(f"{prefix}_stats.csv")
+        rows = {row["Name"]: row for row in csv.DictReader(stats.read_text().splitlines())} if stats.is_file() else {}
+    total, ttft = rows.get("chat stream total", {}), rows.get("chat stream TTFT", {})
+    result = {"users": args.locust_users, "seconds": args.locust_seconds, "exit_code": done.returncode,
+              "requests": int(total.get("Request Count", 0)), "failures": int(total.get("Failure Count", 0)),
+              "ttft_ms": {q: float(ttft[key]) if ttft.get(key, "N/A") != "N/A" else None
+                          for q, key in (("p50", "50%"), ("p99", "99%"))} if ttft else None}
+    if not rows:
+        result["error"] = (done.stdout + done.stderr)[-2000:]
+    say(f"seed {seed}: locust {result['requests']} requests, {result['failures']} failures")
+    return result
+
+
+def kv_blocks_after(addresses: list[str]) -> dict[str, Any]:
+    """Per replica its pools' free/total blocks once every block is free (or after KV_FREE_WAIT_S)."""
+    replicas = {}
+    for address in addresses:
+        with grpc.insecure_channel(address) as channel:
+            stub, deadline = inference_pb2_grpc.InferenceStub(channel), time.monotonic() + KV_FREE_WAIT_S
+            while True:
+                stats = stub.GetStats(inference_pb2.GetStatsRequest(), timeout=30).stats
+                free = all(pool.free_blocks == pool.total_blocks for pool in stats.pools) and stats.num_active == 0
+                if free or time.monotonic() > deadline:
+                    break
+                time.sleep(0.5)
+        replicas[address] = {"all_free": free, "active": stats.num_active,
+                             "pools": [{"free": pool.free_blocks, "total": pool.total_blocks} for pool in stats.pools]}
+    return {"all_free": all(r["all_free"] for r in replicas.values()), "replicas": replicas}
+
+
 def run_bench_gateway(args: argparse.Namespace) -> int:
     questions = read_questions(args.questions_file)
     if not questions:
         say(f"error: no questions in {args.questions_file}")
         return 2
     clients = Clients(args)
+    replicas = args.inference or [f"127.0.0.1:{DEFAULT_PORTS['inference']}"]
     try:
-        runs = [run_seed(clients, questions, seed, args.questions) for seed in range(args.seeds)]
+        runs = []
+        for seed in range(args.seeds):
+            run = run_seed(clients, questions, seed, args.questions)
+            if args.locust_seconds > 0:
+                run["locust"] = run_locust(args, seed)
+            run["kv_blocks_after"] = kv_blocks_after(replicas)
+            runs.append(run)
     except grpc.RpcError as exc:
         say(f"error: the orchestrator at {args.orchestrator}: {exc.code().name}: {exc.details()}")
         return 1
@@ -161,6 +229,14 @@ def run_bench_gateway(args: argparse.Namespace) -> int:
         result[key] = {q: spread([run[key][q] for run in runs]) for q in ("p50", "p99")}
     for key in ("grpc_ttft_s", "gateway_ttft_s"):
         result[key] = {"p50": spread([run[key]["p50"] for run in runs])}
+    if args.locust_seconds > 0:
+        locust = [run["locust"] for run in runs]
+        result["locust"] = {"users": args.locust_users, "seconds": args.locust_seconds,
+                            "requests": sum(r["requests"] for r in locust),
+                            "failures": sum(r["failures"] for r in locust),
+                            "ttft_ms": {q: spread([r["ttft_ms"][q] for r in locust if r["ttft_ms"]])
+                                        for q in ("p50", "p99")} if all(r["ttft_ms"] for r in locust) else None}
+    result["kv_blocks_all_free"] = all(run["kv_blocks_after"]["all_free"] for run in runs)
     result["runs"] = runs
     print(f"{'quantity':28s} {'p50 (median of seeds)':>22s} {'p99 (median of seeds)':>22s}")
     for key, label in (("ttft_added_s", "TTFT added by the gateway"), ("per_token_added_s", "per-token overhead")):
@@ -168,6 +244,10 @@ def run_bench_gateway(args: argparse.Namespace) -> int:
         print(f"{label:28s} {p50:19.2f} ms {p99:19.2f} ms")
     print(f"TTFT p50 over gRPC {result['grpc_ttft_s']['p50']['median'] * 1000:.2f} ms, through the gateway "
           f"{result['gateway_ttft_s']['p50']['median'] * 1000:.2f} ms")
+    if "locust" in result:
+        print(f"locust: {result['locust']['users']} users x {result['locust']['seconds']} s x {args.seeds} seeds: "
+              f"{result['locust']['requests']} requests, {result['locust']['failures']} failures")
+    print(f"KV blocks all free afterwards: {'yes' if result['kv_blocks_all_free'] else 'NO'}")
     if args.json is not None:
         write_json(args.json, result)
     return 0

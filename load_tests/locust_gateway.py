@@ -17,7 +17,9 @@ A failed request (an HTTP error, a stream error event) is one failure on its tot
 Options (each also read from its environment variable): --chat-model (LOCUST_CHAT_MODEL),
 --chat-max-tokens (LOCUST_CHAT_MAX_TOKENS), --chat-retriever anns|crawler|both
 (LOCUST_CHAT_RETRIEVER), --chat-questions FILE (LOCUST_CHAT_QUESTIONS), --chat-api-key
-(LOCUST_CHAT_API_KEY, default $STREAMRAG_API_KEY), --chat-wait-min/-max (LOCUST_CHAT_WAIT_MIN/MAX).
+(LOCUST_CHAT_API_KEY, default $STREAMRAG_API_KEY), --chat-wait-min/-max (LOCUST_CHAT_WAIT_MIN/MAX),
+--chat-seed N (LOCUST_CHAT_SEED: user i shuffles its questions and draws its waits with seed N, i;
+default: unseeded).
 When locust stops a user mid-stream, its response is closed: the gateway cancels the gRPC
 call and the engine frees the request's KV blocks.
 """
@@ -48,20 +50,24 @@ def add_chat_options(parser) -> None:
     parser.add_argument("--chat-api-key", default=os.environ.get(API_KEY_ENV, ""), env_var="LOCUST_CHAT_API_KEY")
     parser.add_argument("--chat-wait-min", type=float, default=1.0, env_var="LOCUST_CHAT_WAIT_MIN")
     parser.add_argument("--chat-wait-max", type=float, default=3.0, env_var="LOCUST_CHAT_WAIT_MAX")
+    parser.add_argument("--chat-seed", type=int, default=None, env_var="LOCUST_CHAT_SEED")
 
 
 class ChatCompletionsUser(User):
     """One OpenAI client streaming chat completions from the gateway."""
 
     host = f"http://127.0.0.1:{DEFAULT_PORTS['gateway']}"
+    numbers = itertools.count()
 
     def on_start(self) -> None:
         options = self.environment.parsed_options
         self.model, self.max_tokens = options.chat_model, options.chat_max_tokens
         self.extra = {"retrieval": {"retriever": options.chat_retriever}} if self.model == RAG_MODEL else {}
         self.wait_range = (options.chat_wait_min, max(options.chat_wait_min, options.chat_wait_max))
+        seed = options.chat_seed
+        self.rng = random.Random(f"{seed}-{next(self.numbers)}") if seed is not None else random.Random()
         questions = read_questions(options.chat_questions)
-        random.shuffle(questions)
+        self.rng.shuffle(questions)
         self.questions = itertools.cycle(questions)
         self.client = openai.OpenAI(base_url=f"{self.host.rstrip('/')}/v1", api_key=options.chat_api_key or "none",
                                     max_retries=0, timeout=600)
@@ -72,7 +78,7 @@ class ChatCompletionsUser(User):
             client.close()              # closes a stream still open: the gateway cancels its call
 
     def wait_time(self) -> float:
-        return random.uniform(*self.wait_range)
+        return self.rng.uniform(*self.wait_range)
 
     @task
     def stream_chat(self) -> None:

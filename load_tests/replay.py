@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from inference_svc.engine.options import (
+    DEFAULT_BLOCK_SIZE,
     DEFAULT_DEVICE,
     DEFAULT_DTYPE,
     DEFAULT_EVICTION,
@@ -71,6 +72,8 @@ def service_flags(args: argparse.Namespace, engine: str, eviction: str) -> list[
     flags = ["--token-budget", str(args.token_budget), "--eviction", eviction]
     if args.kv_device_blocks:
         flags += ["--kv-device-blocks", str(args.kv_device_blocks)]
+        if engine == "native":   # a small pool serves sequences it holds (the start-up check, rpc.limits)
+            flags += ["--max-model-len", str(args.kv_device_blocks * DEFAULT_BLOCK_SIZE)]
     if engine == "vllm" and args.vllm_block_size:
         flags += ["--block-size", str(args.vllm_block_size)]
     if engine == "native":

@@ -19,13 +19,20 @@ import contextlib
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 
 import grpc
 
 from orchestrator.documents import MergedDocuments
-from orchestrator.failures import ask_fails_over, retriever_refused_question, streamed_ask_status
+from orchestrator.failures import (
+    ask_fails_over,
+    peer_wait_s,
+    retrieval_retries_when_ready,
+    retriever_refused_question,
+    streamed_ask_status,
+)
+from orchestrator.pairing import Pair, choose_pair
 from orchestrator.prompt import document_segment, head_segments, preamble_key, suffix_segments
 from orchestrator.router import NoReplicaAvailable
 from protos import common_pb2, inference_pb2, orchestrator_pb2, retriever_pb2, retriever_pb2_grpc
@@ -112,12 +119,12 @@ class InferenceSession:
     or reports it. A lock keeps a replay and new writes in order.
     """
 
-    def __init__(self, stub, request_id: str, sampling: common_pb2.SamplingParams) -> None:
+    def __init__(self, stub, request_id: str, sampling: common_pb2.SamplingParams, metadata=()) -> None:
         self.request_id = request_id
         self.sampling = sampling
         self.sent: list[inference_pb2.StreamPromptRequest] = []
         self.closed = False                      # done_writing was called
-        self.call = stub.StreamPrompt()
+        self.call = stub.StreamPrompt(metadata=metadata)   # a decode replica to hand off to (pairing.py)
         self._lock = asyncio.Lock()
 
     async def send(self, update: inference_pb2.PromptUpdate) -> None:
@@ -152,12 +159,13 @@ class InferenceSession:
 
 class AskPipeline:
     def __init__(self, settings: AskSettings, router, retriever_stubs: dict[str, retriever_pb2_grpc.RetrieverStub],
-                 store, chat_formats) -> None:
+                 store, chat_formats, time_remaining: Callable[[], float | None] = lambda: None) -> None:
         self.s = settings
         self.router = router
         self.retriever_stubs = retriever_stubs
         self.store = store
         self.chat_formats = chat_formats      # async (replica) -> ChatFormat (Describe, cached)
+        self.time_remaining = time_remaining  # the caller's deadline: seconds left, None without one
         # With both retrievers, crawler pages are placed by relevance (orchestrator/documents.py).
         self.docs = MergedDocuments(by_relevance=settings.choice == orchestrator_pb2.RETRIEVER_CHOICE_BOTH)
         self.timeline = Timeline()
@@ -198,8 +206,11 @@ class AskPipeline:
             await asyncio.gather(*self.tasks, return_exceptions=True)
 
     async def _choose_replica(self):
-        """Pick a replica and read its chat format; a replica that fails here is replaced once."""
-        self.replica = self.router.choose(preamble_key())
+        """Pick a replica (waiting a little for one when none is available: failures.py) and read its
+        chat format; a replica that fails here is replaced once."""
+        self.replica = await self.router.choose_ready(preamble_key(), wait_s=peer_wait_s(self.time_remaining()))
+        self.pair = choose_pair(self.router, preamble_key(), self.replica) if self.s.streamed else Pair(self.replica)
+        self.replica = self.pair.prefill
         try:
             return await self.chat_formats(self.replica)
         except grpc.RpcError as exc:      # any failure to describe itself: the replica is unusable (failures.py)
@@ -209,13 +220,19 @@ class AskPipeline:
     async def _fail_over(self, exc: grpc.RpcError, record: bool = True) -> None:
         """Mark the current replica failed, move to another and record why. Raises
         `AskFailed(UNAVAILABLE)` when no replica is left. Callers allow it once, and only before
-        the first token (`_may_fail_over`; which statuses fail over, and why: failures.py)."""
+        the first token (`_may_fail_over`; which statuses fail over, and why: failures.py). Another
+        available replica first; with none, the first that is (back) within the wait, this one too."""
         failed = self.replica.address
-        self.router.mark_failed(failed)
+        self.router.mark_failed(failed, f"{exc.code().name}: {exc.details()}")
         try:
             self.replica = self.router.choose(preamble_key(), exclude={failed})
         except NoReplicaAvailable:
-            raise AskFailed(grpc.StatusCode.UNAVAILABLE, f"no replica left after {failed}") from exc
+            try:
+                self.replica = await self.router.choose_ready(preamble_key(),
+                                                              wait_s=peer_wait_s(self.time_remaining()))
+            except NoReplicaAvailable as none:
+                raise AskFailed(grpc.StatusCode.UNAVAILABLE, f"no replica left after {failed} failed "
+                                f"({exc.code().name}): {none}") from exc
         log.warning("%s: replica %s failed (%s: %s); retrying on %s", self.s.request_id, failed, exc.code().name,
                     exc.details(), self.replica.address)
         if record:
@@ -232,11 +249,24 @@ class AskPipeline:
                                                 deadline_ms=int(self.s.deadline_s * 1000),
                                                 options=self.s.retriever_options, request_id=self.s.request_id,
                                                 collection=self.s.collection if name == "anns" else "")
+        stub = self.retriever_stubs[name]
+        received = 0
+        retried = False
         try:
-            async for response in self.retriever_stubs[name].Retrieve(request, timeout=self.s.deadline_s + 5):
-                await retrieval.put((name, response.chunk))
-                if response.chunk.final:
+            while True:
+                try:
+                    async for response in stub.Retrieve(request, timeout=self.s.deadline_s + 5):
+                        received += 1
+                        await retrieval.put((name, response.chunk))
+                        if response.chunk.final:
+                            break
                     break
+                except grpc.RpcError as exc:
+                    if not retrieval_retries_when_ready(exc.code(), received, retried):
+                        raise
+                    retried = True
+                    if not await self._retriever_ready(name, stub):
+                        raise
         except asyncio.CancelledError:
             raise
         except grpc.RpcError as exc:
@@ -248,6 +278,23 @@ class AskPipeline:
             await self._retrieval_failed(name, str(exc))
         finally:
             await retrieval.put((name, None))   # this retriever is done
+
+    async def _retriever_ready(self, name: str, stub) -> bool:
+        """Whether the retriever answers `Describe`, sent with `wait_for_ready`, within the wait
+        (failures.py), never past the retrieval deadline: the channel dials it as soon as its
+        back-off allows."""
+        left = self.timeline.started + self.s.deadline_s - time.monotonic()
+        wait_s = min(peer_wait_s(self.time_remaining()), left)
+        if wait_s <= 0:
+            return False
+        try:
+            await stub.Describe(retriever_pb2.RetrieverDescribeRequest(), timeout=wait_s, wait_for_ready=True)
+        except grpc.RpcError as exc:
+            log.info("%s: retriever %s not back within %.1f s (%s)", self.s.request_id, name, wait_s,
+                     exc.code().name)
+            return False
+        log.info("%s: retriever %s is back: retrieving again", self.s.request_id, name)
+        return True
 
     async def _retrieval_failed(self, name: str, detail: str) -> None:
         """Go on with what arrived; the error is recorded and reported to the caller."""
@@ -284,7 +331,8 @@ class AskPipeline:
     # --- streaming relay ----------------------------------------------------------------
     async def _relay_streaming(self, chat, retrieval: asyncio.Queue) -> None:
         try:
-            session = self.session = InferenceSession(self.replica.stub, self.s.request_id, self.s.sampling)
+            session = self.session = InferenceSession(self.replica.stub, self.s.request_id, self.s.sampling,
+                                                      self.pair.metadata if self.pair.prefill is self.replica else ())
             reader = asyncio.create_task(self._read_inference(session, chat))
             self.tasks.append(reader)
             await session.send(inference_pb2.PromptUpdate(open=inference_pb2.PromptOpen(

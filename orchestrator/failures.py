@@ -30,7 +30,13 @@ Where the tables differ, they differ on purpose:
 
 Not by status: `Describe` at the start of an Ask (the replica's chat format, before anything is
 sent) fails over once on any error, because a replica that cannot describe itself cannot serve.
-With no replica left to fail over to, the call ends UNAVAILABLE.
+
+Waiting for a service that comes back (`WAIT_FOR_PEER_S`, never past the caller's deadline):
+- an Ask that finds no replica available, or whose failed replica leaves no other, waits for
+  the first replica whose health says SERVING again (the router's `choose_ready`), the failed
+  one included; with none by then, the Ask ends UNAVAILABLE;
+- a `Retrieve` that fails UNAVAILABLE before its first chunk is tried once more after the
+  retriever's `Describe`, sent with `wait_for_ready`, answers within that time (`RETRIEVAL`).
 """
 
 from __future__ import annotations
@@ -40,7 +46,17 @@ from dataclasses import dataclass
 
 import grpc
 
+from servicekit.channels import RECONNECT_WITHIN_S
+
 S = grpc.StatusCode
+
+# How long a request waits for a replica or retriever to be back. A peer that is up again is
+# dialled within the channel's reconnect back-off (RECONNECT_WITHIN_S, 2.4 s) and answers its
+# health a moment later: twice that, plus a margin for a loaded machine, covers it, so the
+# request right after a restart is served. An Ask in flight when the only replica died waits as
+# long for a restart; a replica that takes longer (loading a model) is reported UNAVAILABLE to
+# the caller rather than keeping it waiting.
+WAIT_FOR_PEER_S = 2 * RECONNECT_WITHIN_S + 3.0
 
 
 class Action(enum.Enum):
@@ -48,6 +64,8 @@ class Action(enum.Enum):
     REBUILD = "rebuild the session on another replica from the directory; retry the call (once)"
     FAIL = "fail the request with the same status"
     SKIP_RETRIEVER = "go on without that retriever; the caller gets an ERROR event"
+    RETRY_WHEN_READY = ("before its first chunk: wait (up to WAIT_FOR_PEER_S) for the retriever to be ready, "
+                        "try once more; skip it if it is not")
 
 
 @dataclass(frozen=True)
@@ -58,7 +76,8 @@ class Rule:
 
 # An Ask's inference call, before the first token.
 ASK_INFERENCE: dict[grpc.StatusCode, Rule] = {
-    S.UNAVAILABLE: Rule(Action.FAIL_OVER, "the replica is down or unreachable; any other serves the same model"),
+    S.UNAVAILABLE: Rule(Action.FAIL_OVER, "the replica is down or unreachable, or stopped answering (the channel's "
+                                          "keepalive closed the connection); any other serves the same model"),
     S.INTERNAL: Rule(Action.FAIL_OVER, "the replica's engine failed, or the stream broke under it: a fault "
                                        "of that replica, not of the prompt"),
     S.UNKNOWN: Rule(Action.FAIL_OVER, "an exception escaped the replica's handler: a fault of that replica"),
@@ -90,6 +109,9 @@ RETRIEVAL: dict[grpc.StatusCode, Rule] = {
     S.INVALID_ARGUMENT: Rule(Action.FAIL, "the retriever refused the question or its options as malformed"),
     S.FAILED_PRECONDITION: Rule(Action.FAIL, "the named collection cannot be searched here (a retriever "
                                              "started without collections)"),
+    S.UNAVAILABLE: Rule(Action.RETRY_WHEN_READY, "the retriever is down, or it is back and the channel has not "
+                                                 "dialled it again yet (its reconnect back-off): the second try waits "
+                                                 "for the channel, so a restarted retriever serves the next Ask"),
 }
 RETRIEVAL_OTHERWISE = Rule(Action.SKIP_RETRIEVER, "a retriever that is down, slow or broken costs the answer "
                                                   "its context, not the answer: it uses what arrived")
@@ -134,3 +156,14 @@ def retrieval_rule(code: grpc.StatusCode) -> Rule:
 def retriever_refused_question(code: grpc.StatusCode) -> bool:
     """Whether a Retrieve ending with `code` fails the Ask (with `code`) instead of being skipped."""
     return retrieval_rule(code).action is Action.FAIL
+
+
+def retrieval_retries_when_ready(code: grpc.StatusCode, chunks_received: int, retried: bool) -> bool:
+    """Whether a Retrieve ending with `code` is tried again once its retriever is ready."""
+    return retrieval_rule(code).action is Action.RETRY_WHEN_READY and not chunks_received and not retried
+
+
+def peer_wait_s(time_remaining: float | None) -> float:
+    """How long a request may wait for a replica or retriever to be back: `WAIT_FOR_PEER_S`, never
+    past the caller's deadline (`time_remaining`, None without one)."""
+    return WAIT_FOR_PEER_S if time_remaining is None else max(0.0, min(WAIT_FOR_PEER_S, time_remaining))

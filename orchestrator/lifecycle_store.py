@@ -12,9 +12,10 @@ trimmed to the newest `recent_max`.
 Writes never block or fail the answer path: `create`, `event` and `update` only append to an
 in-memory queue that one background task pipelines to Redis in order. While Redis is
 unreachable the queue keeps the writes (at most `buffer_max`; beyond that the oldest are
-dropped and counted) and the writer retries with backoff. When writes get through again,
-every request that had writes waiting or dropped gets a `REDIS_GAP` event with
-`since_unix_ms`, `until_unix_ms` and `dropped` (its writes lost).
+dropped and counted) and the writer retries with backoff, and at once when a new request
+is created (redis-py dials again on each try, so a Redis that is back serves the next
+request). When writes get through again, every request that had writes waiting or dropped
+gets a `REDIS_GAP` event with `since_unix_ms`, `until_unix_ms` and `dropped` (its writes lost).
 
 Stream entry ids ("<ms>-<seq>") are assigned when an event is recorded, not when it reaches
 Redis, so a request's events read back in the order they were recorded, across an outage
@@ -272,6 +273,8 @@ class LifecycleStore:
                   "retriever": self._encode_field("retriever", retriever), "streamed": _text(streamed),
                   "created_unix_ms": str(now), "updated_unix_ms": str(now)}
         self._enqueue(_Write(request_id, fields, created_unix_ms=now))
+        if self._failures:   # Redis was down: try now rather than after the back-off, so a Redis that
+            self._retry_now.set()   # is back stores the next request's writes as they come
 
     async def event(self, request_id: str, kind: str | int, *, unix_ms: int | None = None, **fields: Any) -> None:
         """Append an event to the request's stream and bump its updated_unix_ms.
@@ -529,7 +532,10 @@ def _stats_dict(stats: common_pb2.RequestStats | Mapping[str, float]) -> dict[st
 def _stats_proto(stats: Mapping[str, float]) -> common_pb2.RequestStats:
     fields = common_pb2.RequestStats.DESCRIPTOR.fields_by_name
     floating = (FieldDescriptor.TYPE_DOUBLE, FieldDescriptor.TYPE_FLOAT)
-    return common_pb2.RequestStats(**{
-        name: float(value) if fields[name].type in floating else int(value)
-        for name, value in stats.items() if name in fields
-    })
+    def decoded(name: str, value: Any) -> Any:
+        kind = fields[name].type
+        if kind == FieldDescriptor.TYPE_STRING:     # e.g. kv_reuse ("exact")
+            return str(value)
+        return float(value) if kind in floating else int(value)
+
+    return common_pb2.RequestStats(**{name: decoded(name, value) for name, value in stats.items() if name in fields})

@@ -1,14 +1,13 @@
 """Pick an inference replica for each request: FlowGuard-style scoring (StreamServe §3.3).
 
-The router polls `Inference.GetStats` on every replica (once in `start()`, then every
-`refresh_s`) and scores the replicas it can reach from their latest snapshot. Per replica,
-each quantity is in [0, 1]:
+The router scores the replicas that are available from their latest `Inference.GetStats`
+snapshot (polled once in `start()`, then every `refresh_s`). Per replica, each quantity is in [0, 1]:
 
     C  locality     1 if the replica served this prefix key (the instruction preamble) among
                     its last `locality_window` keys (`note_served`), else 0: its prefix cache
                     probably still holds those blocks
     M  memory use   1 - free / total blocks of the "device" KV pool (0 without that pool)
-    Q  queue        q / max(q of every reachable replica), q = num_waiting + num_swapped;
+    Q  queue        q / max(q of every available replica), q = num_waiting + num_swapped;
                     0 when every queue is empty (the paper's Q_w / Q_max)
     L  load         min(1, (num_active + routed) / max_concurrent_streams), where `routed`
                     counts the requests this router sent there since that snapshot, so a
@@ -20,11 +19,18 @@ with the weights normalised to sum 1 (default 0.4 / 0.1 / 0.3 / 0.2), so S is in
 higher is better. A replica is overloaded when M > overload_threshold or L >
 overload_threshold, and is then skipped. The best S wins (ties: lower L, then the order of
 `addresses`); when every candidate is overloaded, the shortest queue wins (fewest q, then
-fewest active, then order). A replica is unreachable, and skipped, until its GetStats
-answers: before the first poll, after a failed poll, and after `mark_failed()`. A replica
-that comes back (restarted by the stack's supervisor or compose) is reachable again at the
-first poll after its channel reconnects (`servicekit.channels`: at least every 2 s).
-Every decision is logged at INFO with each replica's breakdown.
+fewest active, then order). Every decision is logged at INFO with each replica's breakdown.
+
+Availability follows each replica's own health, as gRPC reports it: the router keeps one
+`grpc.health.v1.Health.Watch` open per replica, opened with `wait_for_ready`, so it waits on
+the channel's own reconnection (`servicekit.channels`: back-off capped at 2 s, keepalive
+pings) instead of polling. A replica is available from the moment its Watch says SERVING (the
+router reads its GetStats then, so a restarted replica is scored on its own fresh figures)
+until the Watch says anything else or breaks (the process died, or, found by keepalive, stopped
+answering), or a call to it fails (`mark_failed`: the Watch is opened afresh, and a replica that
+is in fact fine is available again at its first answer). A failed GetStats poll only keeps the
+last snapshot. When no replica is available, `choose_ready` waits, for a bounded time, for the
+first one to become available: a replica that is back is used by the very next request.
 """
 
 from __future__ import annotations
@@ -38,6 +44,7 @@ from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 
 import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from protos import inference_pb2, inference_pb2_grpc
 from servicekit.channels import open_channel
@@ -45,13 +52,15 @@ from servicekit.channels import open_channel
 log = logging.getLogger(__name__)
 
 DEFAULT_WEIGHTS = (0.4, 0.1, 0.3, 0.2)   # locality, memory, queue, load
-NOT_POLLED = "not polled yet"
+NO_HEALTH_YET = "no health answer yet"
+SERVING = health_pb2.HealthCheckResponse.SERVING
+WATCH_RETRY_S = 0.5    # before opening a Watch again that failed without one answer
 
 ChannelFactory = Callable[[str], grpc.aio.Channel]
 
 
 class NoReplicaAvailable(RuntimeError):
-    """No replica is reachable (or every reachable one was excluded)."""
+    """No replica is available (or every available one was excluded)."""
 
 
 @dataclass(frozen=True)
@@ -79,11 +88,13 @@ class Replica:
 
     address: str
     stats: inference_pb2.EngineStats | None = None
-    unavailable: str | None = NOT_POLLED      # why it is skipped; None when reachable
+    unavailable: str | None = NO_HEALTH_YET   # why it is skipped; None while its health says SERVING
     routed: int = 0                           # requests sent since the last snapshot
     recent_keys: OrderedDict[str, None] = field(default_factory=OrderedDict)
     channel: grpc.aio.Channel | None = None
     _stub: inference_pb2_grpc.InferenceStub | None = None
+    _watcher: asyncio.Task | None = None
+    _answered: asyncio.Event = field(default_factory=asyncio.Event)   # its health answered once
 
     @property
     def available(self) -> bool:
@@ -97,11 +108,11 @@ class Replica:
 
 
 class ReplicaRouter:
-    """Chooses a replica per request from periodically refreshed `GetStats` snapshots."""
+    """Chooses a replica per request among those whose health says SERVING, by their `GetStats` snapshots."""
 
     def __init__(self, addresses: Sequence[str], *, weights: Sequence[float] = DEFAULT_WEIGHTS,
                  overload_threshold: float = 0.9, refresh_s: float = 1.0, locality_window: int = 256,
-                 stats_timeout_s: float = 0.5, channel_factory: ChannelFactory | None = None) -> None:
+                 stats_timeout_s: float = 2.0, channel_factory: ChannelFactory | None = None) -> None:
         if not addresses:
             raise ValueError("the router needs at least one replica address")
         if len(set(addresses)) != len(addresses):
@@ -122,6 +133,7 @@ class ReplicaRouter:
         self._channel_factory = channel_factory or open_channel
         self._replicas = {address: Replica(address) for address in addresses}
         self._refresher: asyncio.Task | None = None
+        self._changed = asyncio.Event()         # set (and replaced) whenever a replica becomes available
 
     @property
     def replicas(self) -> list[Replica]:
@@ -135,21 +147,33 @@ class ReplicaRouter:
 
     # --- lifecycle -----------------------------------------------------------------------
     async def start(self) -> None:
-        """Open a channel per replica, poll each once, then keep polling every `refresh_s`."""
+        """Open a channel and a health Watch per replica, poll GetStats once, then every `refresh_s`.
+        Returns once every replica's health answered, or after `stats_timeout_s` (one that is down
+        is used once it is up)."""
         for replica in self._replicas.values():
             if replica.channel is None:
                 replica.channel = self._channel_factory(replica.address)
                 replica._stub = inference_pb2_grpc.InferenceStub(replica.channel)
+            if replica._watcher is None:
+                self._start_watch(replica)
         await self.refresh()
+        waits = [asyncio.create_task(r._answered.wait()) for r in self._replicas.values()]
+        _, pending = await asyncio.wait(waits, timeout=self.stats_timeout_s)
+        for task in pending:
+            task.cancel()
         if self._refresher is None:
             self._refresher = asyncio.create_task(self._refresh_forever(), name="replica-router-refresh")
 
     async def stop(self) -> None:
-        if self._refresher is not None:
-            self._refresher.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._refresher
-            self._refresher = None
+        tasks = [self._refresher, *(r._watcher for r in self._replicas.values())]
+        self._refresher = None
+        for replica in self._replicas.values():
+            replica._watcher = None
+        for task in tasks:
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
         for replica in self._replicas.values():
             if replica.channel is not None:
                 await replica.channel.close()
@@ -172,33 +196,81 @@ class ReplicaRouter:
             await self.refresh()
 
     async def _poll(self, replica: Replica) -> None:
+        """Read the replica's GetStats; a failure keeps the last snapshot (health decides availability)."""
         try:
             response = await replica.stub.GetStats(inference_pb2.GetStatsRequest(), timeout=self.stats_timeout_s)
         except grpc.aio.AioRpcError as exc:
-            self.mark_failed(replica.address, f"GetStats failed: {exc.code().name}")
+            log.debug("replica %s: GetStats failed: %s", replica.address, exc.code().name)
         except Exception as exc:   # keep the refresh loop alive whatever one replica does
-            self.mark_failed(replica.address, f"GetStats failed: {exc!r}")
+            log.debug("replica %s: GetStats failed: %r", replica.address, exc)
         else:
             self.record_stats(replica.address, response.stats)
 
+    # --- health ------------------------------------------------------------------------
+    def _start_watch(self, replica: Replica) -> None:
+        replica._watcher = asyncio.create_task(self._watch(replica), name=f"replica-health-{replica.address}")
+
+    async def _watch(self, replica: Replica) -> None:
+        """Follow the replica's health for as long as the router runs: a Watch, opened again
+        whenever it ends; `wait_for_ready` makes each wait for the channel to be connected."""
+        stub = health_pb2_grpc.HealthStub(replica.channel)
+        while True:
+            answered = False
+            try:
+                async for response in stub.Watch(health_pb2.HealthCheckRequest(), wait_for_ready=True):
+                    answered = True
+                    if response.status == SERVING:
+                        await self._poll(replica)       # fresh figures before it is chosen again
+                        self.record_health(replica.address, None)
+                    else:
+                        status = health_pb2.HealthCheckResponse.ServingStatus.Name(response.status)
+                        self.record_health(replica.address, f"health {status}")
+                    replica._answered.set()
+                reason = "health watch ended"
+            except grpc.aio.AioRpcError as exc:
+                reason = f"health watch failed: {exc.code().name} ({exc.details()})"
+            self.record_health(replica.address, reason)
+            if not answered:
+                await asyncio.sleep(WATCH_RETRY_S)
+
     # --- what the router learns ----------------------------------------------------------
     def record_stats(self, address: str, stats: inference_pb2.EngineStats) -> None:
-        """A fresh snapshot: the replica is reachable again and `routed` starts over."""
+        """A fresh snapshot: `routed` starts over."""
         replica = self.replica(address)
         previous = replica.stats
         if previous is not None and stats.counters.requests_received < previous.counters.requests_received:
             log.info("replica %s restarted (requests_received went down): forgetting its prefix locality", address)
             replica.recent_keys.clear()
-        if replica.unavailable is not None and replica.unavailable != NOT_POLLED:
-            log.info("replica %s is reachable again", address)
-        replica.stats, replica.unavailable, replica.routed = stats, None, 0
+        was = replica.available
+        replica.stats, replica.routed = stats, 0
+        if replica.available and not was:
+            self._notify()
+
+    def record_health(self, address: str, unavailable: str | None) -> None:
+        """What the replica's health says: None when SERVING, else why it is not to be used."""
+        replica = self.replica(address)
+        if unavailable is None and replica.unavailable is not None:
+            if replica.unavailable != NO_HEALTH_YET:
+                log.info("replica %s is serving again", address)
+        elif unavailable is not None and replica.unavailable is None:
+            log.warning("replica %s unavailable: %s", address, unavailable)
+        was = replica.available
+        replica.unavailable = unavailable
+        if replica.available and not was:
+            self._notify()
 
     def mark_failed(self, address: str, reason: str = "marked failed") -> None:
-        """Skip this replica until its GetStats answers again (the next refresh)."""
+        """A call to this replica failed: skip it until a fresh health Watch says SERVING (at once
+        if the replica is fine, once it is back if it is not)."""
         replica = self.replica(address)
-        if replica.unavailable is None:
-            log.warning("replica %s unavailable: %s", address, reason)
-        replica.unavailable = reason
+        self.record_health(address, reason)
+        if replica._watcher is not None:
+            replica._watcher.cancel()
+            self._start_watch(replica)
+
+    def _notify(self) -> None:
+        self._changed.set()
+        self._changed = asyncio.Event()
 
     def note_served(self, address: str, prefix_key: str) -> None:
         """The replica served a request with this prefix: its prefix cache likely holds it."""
@@ -250,6 +322,22 @@ class ReplicaRouter:
         log.info("route key=%s -> %s (%s) | %s", _short(prefix_key), chosen, how,
                  self._describe(breakdown, exclude))
         return replica
+
+    async def choose_ready(self, prefix_key: str, exclude: Collection[str] = frozenset(),
+                           wait_s: float = 0.0) -> Replica:
+        """`choose`; when no replica is available, wait up to `wait_s` for one to become
+        available (its health says SERVING again) instead of raising at once."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + wait_s
+        while True:
+            changed = self._changed
+            try:
+                return self.choose(prefix_key, exclude)
+            except NoReplicaAvailable:
+                if loop.time() >= deadline:
+                    raise
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(changed.wait(), deadline - loop.time())
 
     def _describe(self, breakdown: dict[str, ScoreBreakdown], exclude: Collection[str]) -> str:
         parts = []

@@ -5,13 +5,22 @@ from __future__ import annotations
 import argparse
 import asyncio
 
+from orchestrator.inference_proxy import InferenceProxy
 from orchestrator.lifecycle_store import LifecycleStore
 from orchestrator.metrics import OrchestratorMetrics
 from orchestrator.router import ReplicaRouter
 from orchestrator.servicer import OrchestratorServicer
 from orchestrator.session_directory import SessionDirectory
 from orchestrator.sessions_servicer import SessionsProxy
-from protos import orchestrator_pb2, orchestrator_pb2_grpc, retriever_pb2_grpc, sessions_pb2, sessions_pb2_grpc
+from protos import (
+    inference_pb2,
+    inference_pb2_grpc,
+    orchestrator_pb2,
+    orchestrator_pb2_grpc,
+    retriever_pb2_grpc,
+    sessions_pb2,
+    sessions_pb2_grpc,
+)
 from servicekit.auth import ApiKeyInterceptor, ApiKeys, load_api_keys
 from servicekit.channels import open_channel
 from servicekit.config import DEFAULT_PORTS, ServiceConfig, service_config_from_args
@@ -20,6 +29,7 @@ from servicekit.tls import TlsFiles, tls_from_args
 
 SERVICE_NAME = orchestrator_pb2.DESCRIPTOR.services_by_name["Orchestrator"].full_name
 SESSIONS_SERVICE_NAME = sessions_pb2.DESCRIPTOR.services_by_name["Sessions"].full_name
+INFERENCE_SERVICE_NAME = inference_pb2.DESCRIPTOR.services_by_name["Inference"].full_name
 
 
 class OrchestratorService:
@@ -42,9 +52,13 @@ class OrchestratorService:
         self.servicer = OrchestratorServicer(self.router, stubs, self.store, self.metrics)
         self.directory = SessionDirectory(redis_url, ttl_s=ttl_s)
         self.sessions = SessionsProxy(self.router, self.directory, self.store)
+        # Prompts without retrieval (the gateway's plain chats), routed and recorded like Asks.
+        self.inference = InferenceProxy(self.router, self.store, self.metrics)
         self.runner = ServiceRunner(config, [(orchestrator_pb2_grpc.add_OrchestratorServicer_to_server, self.servicer),
-                                             (sessions_pb2_grpc.add_SessionsServicer_to_server, self.sessions)],
-                                    [SERVICE_NAME, SESSIONS_SERVICE_NAME], registry=self.metrics.registry,
+                                             (sessions_pb2_grpc.add_SessionsServicer_to_server, self.sessions),
+                                             (inference_pb2_grpc.add_InferenceServicer_to_server, self.inference)],
+                                    [SERVICE_NAME, SESSIONS_SERVICE_NAME, INFERENCE_SERVICE_NAME],
+                                    registry=self.metrics.registry,
                                     interceptors=[ApiKeyInterceptor(ApiKeys(api_keys))] if api_keys else [], tls=tls)
 
     async def start(self, handle_signals: bool = True) -> int:

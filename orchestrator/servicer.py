@@ -36,7 +36,8 @@ class OrchestratorServicer(orchestrator_pb2_grpc.OrchestratorServicer):
             settings = validate_ask(request, set(self.retriever_stubs))
         except BadAsk as exc:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
-        pipeline = AskPipeline(settings, self.router, self.retriever_stubs, self.store, self.chat_format)
+        pipeline = AskPipeline(settings, self.router, self.retriever_stubs, self.store, self.chat_format,
+                               time_remaining=context.time_remaining)
         mode = "streaming" if settings.streamed else "baseline"
         outcome = "cancelled"
         try:

@@ -29,7 +29,7 @@ from typing import Any
 
 import grpc
 
-from orchestrator.failures import replica_lost, session_needs_rebuild
+from orchestrator.failures import peer_wait_s, replica_lost, session_needs_rebuild
 from orchestrator.lifecycle_store import LifecycleStore, StoreUnavailable
 from orchestrator.router import NoReplicaAvailable, ReplicaRouter
 from orchestrator.session_directory import SessionDirectory, SessionRecord
@@ -61,7 +61,8 @@ class SessionsProxy(sessions_pb2_grpc.SessionsServicer):
     async def CreateSession(self, request, context) -> sessions_pb2.CreateSessionResponse:
         session_id = request.session_id or uuid.uuid4().hex[:12]
         try:
-            replica = self.router.choose(f"session:{session_id}")
+            replica = await self.router.choose_ready(f"session:{session_id}",
+                                                     wait_s=peer_wait_s(context.time_remaining()))
         except NoReplicaAvailable as exc:
             await context.abort(grpc.StatusCode.UNAVAILABLE, str(exc))
         if not await self._directory(context, self.directory.create(
@@ -248,9 +249,14 @@ class SessionsProxy(sessions_pb2_grpc.SessionsServicer):
                 return current
             if replica_lost(cause.code()):
                 self.router.mark_failed(record.replica, f"session call failed: {cause.details()}")
-            try:
+            try:   # another replica first; with none, the first that is (back) within the wait (failures.py)
                 replica = self.router.choose(f"session:{record.session_id}",
                                              exclude={record.replica} if replica_lost(cause.code()) else set())
+            except NoReplicaAvailable:
+                replica = None
+            try:
+                replica = replica or await self.router.choose_ready(f"session:{record.session_id}",
+                                                                    wait_s=peer_wait_s(None))
             except NoReplicaAvailable as exc:
                 raise ReplicaLost(f"session {record.session_id!r}: its replica {record.replica} is lost "
                                   f"({cause.details()}) and no replica can take it over: {exc}") from exc

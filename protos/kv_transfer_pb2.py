@@ -26,29 +26,29 @@ from protos import common_pb2 as protos_dot_common__pb2
 from protos import inference_pb2 as protos_dot_inference__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18protos/kv_transfer.proto\x12\x0cstreamrag.v1\x1a\x13protos/common.proto\x1a\x16protos/inference.proto\"\xd9\x01\n\x11KvTransferRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12&\n\x05\x62\x65gin\x18\x02 \x01(\x0b\x32\x15.streamrag.v1.KvBeginH\x00\x12(\n\x06\x62locks\x18\x03 \x01(\x0b\x32\x16.streamrag.v1.KvBlocksH\x00\x12,\n\x08truncate\x18\x04 \x01(\x0b\x32\x18.streamrag.v1.KvTruncateH\x00\x12(\n\x06\x66inish\x18\x05 \x01(\x0b\x32\x16.streamrag.v1.KvFinishH\x00\x42\x06\n\x04kind\"s\n\x07KvBegin\x12.\n\x08sampling\x18\x01 \x01(\x0b\x32\x1c.streamrag.v1.SamplingParams\x12\x10\n\x08priority\x18\x02 \x01(\x05\x12&\n\x06layout\x18\x03 \x01(\x0b\x32\x16.streamrag.v1.KvLayout\"i\n\x08KvLayout\x12\x12\n\nnum_layers\x18\x01 \x01(\x05\x12\x14\n\x0cnum_kv_heads\x18\x02 \x01(\x05\x12\x10\n\x08head_dim\x18\x03 \x01(\x05\x12\x12\n\nblock_size\x18\x04 \x01(\x05\x12\r\n\x05\x64type\x18\x05 \x01(\t\"T\n\x08KvBlocks\x12\x13\n\x0bstart_token\x18\x01 \x01(\x03\x12\x11\n\ttoken_ids\x18\x02 \x03(\x05\x12\x12\n\nnum_blocks\x18\x03 \x01(\x05\x12\x0c\n\x04\x64\x61ta\x18\x04 \x01(\x0c\"\"\n\nKvTruncate\x12\x14\n\x0cvalid_tokens\x18\x01 \x01(\x03\"\n\n\x08KvFinish\"o\n\x12KvTransferResponse\x12\"\n\x03\x61\x63k\x18\x01 \x01(\x0b\x32\x13.streamrag.v1.KvAckH\x00\x12-\n\x05\x65vent\x18\x02 \x01(\x0b\x32\x1c.streamrag.v1.InferenceEventH\x00\x42\x06\n\x04kind\"B\n\x05KvAck\x12\x0e\n\x06tokens\x18\x01 \x01(\x03\x12\x17\n\x0fimported_tokens\x18\x02 \x01(\x03\x12\x10\n\x08\x66inished\x18\x03 \x01(\x08\x32_\n\nKvTransfer\x12Q\n\x08Transfer\x12\x1f.streamrag.v1.KvTransferRequest\x1a .streamrag.v1.KvTransferResponse(\x01\x30\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18protos/kv_transfer.proto\x12\x0cstreamrag.v1\x1a\x13protos/common.proto\x1a\x16protos/inference.proto\"\xd7\x01\n\x0fTransferRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12&\n\x05\x62\x65gin\x18\x02 \x01(\x0b\x32\x15.streamrag.v1.KvBeginH\x00\x12(\n\x06\x62locks\x18\x03 \x01(\x0b\x32\x16.streamrag.v1.KvBlocksH\x00\x12,\n\x08truncate\x18\x04 \x01(\x0b\x32\x18.streamrag.v1.KvTruncateH\x00\x12(\n\x06\x66inish\x18\x05 \x01(\x0b\x32\x16.streamrag.v1.KvFinishH\x00\x42\x06\n\x04kind\"s\n\x07KvBegin\x12.\n\x08sampling\x18\x01 \x01(\x0b\x32\x1c.streamrag.v1.SamplingParams\x12\x10\n\x08priority\x18\x02 \x01(\x05\x12&\n\x06layout\x18\x03 \x01(\x0b\x32\x16.streamrag.v1.KvLayout\"i\n\x08KvLayout\x12\x12\n\nnum_layers\x18\x01 \x01(\x05\x12\x14\n\x0cnum_kv_heads\x18\x02 \x01(\x05\x12\x10\n\x08head_dim\x18\x03 \x01(\x05\x12\x12\n\nblock_size\x18\x04 \x01(\x05\x12\r\n\x05\x64type\x18\x05 \x01(\t\"T\n\x08KvBlocks\x12\x13\n\x0bstart_token\x18\x01 \x01(\x03\x12\x11\n\ttoken_ids\x18\x02 \x03(\x05\x12\x12\n\nnum_blocks\x18\x03 \x01(\x05\x12\x0c\n\x04\x64\x61ta\x18\x04 \x01(\x0c\"\"\n\nKvTruncate\x12\x14\n\x0cvalid_tokens\x18\x01 \x01(\x03\"\n\n\x08KvFinish\"m\n\x10TransferResponse\x12\"\n\x03\x61\x63k\x18\x01 \x01(\x0b\x32\x13.streamrag.v1.KvAckH\x00\x12-\n\x05\x65vent\x18\x02 \x01(\x0b\x32\x1c.streamrag.v1.InferenceEventH\x00\x42\x06\n\x04kind\"B\n\x05KvAck\x12\x0e\n\x06tokens\x18\x01 \x01(\x03\x12\x17\n\x0fimported_tokens\x18\x02 \x01(\x03\x12\x10\n\x08\x66inished\x18\x03 \x01(\x08\x32[\n\nKvTransfer\x12M\n\x08Transfer\x12\x1d.streamrag.v1.TransferRequest\x1a\x1e.streamrag.v1.TransferResponse(\x01\x30\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'protos.kv_transfer_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_KVTRANSFERREQUEST']._serialized_start=88
-  _globals['_KVTRANSFERREQUEST']._serialized_end=305
-  _globals['_KVBEGIN']._serialized_start=307
-  _globals['_KVBEGIN']._serialized_end=422
-  _globals['_KVLAYOUT']._serialized_start=424
-  _globals['_KVLAYOUT']._serialized_end=529
-  _globals['_KVBLOCKS']._serialized_start=531
-  _globals['_KVBLOCKS']._serialized_end=615
-  _globals['_KVTRUNCATE']._serialized_start=617
-  _globals['_KVTRUNCATE']._serialized_end=651
-  _globals['_KVFINISH']._serialized_start=653
-  _globals['_KVFINISH']._serialized_end=663
-  _globals['_KVTRANSFERRESPONSE']._serialized_start=665
-  _globals['_KVTRANSFERRESPONSE']._serialized_end=776
-  _globals['_KVACK']._serialized_start=778
-  _globals['_KVACK']._serialized_end=844
-  _globals['_KVTRANSFER']._serialized_start=846
-  _globals['_KVTRANSFER']._serialized_end=941
+  _globals['_TRANSFERREQUEST']._serialized_start=88
+  _globals['_TRANSFERREQUEST']._serialized_end=303
+  _globals['_KVBEGIN']._serialized_start=305
+  _globals['_KVBEGIN']._serialized_end=420
+  _globals['_KVLAYOUT']._serialized_start=422
+  _globals['_KVLAYOUT']._serialized_end=527
+  _globals['_KVBLOCKS']._serialized_start=529
+  _globals['_KVBLOCKS']._serialized_end=613
+  _globals['_KVTRUNCATE']._serialized_start=615
+  _globals['_KVTRUNCATE']._serialized_end=649
+  _globals['_KVFINISH']._serialized_start=651
+  _globals['_KVFINISH']._serialized_end=661
+  _globals['_TRANSFERRESPONSE']._serialized_start=663
+  _globals['_TRANSFERRESPONSE']._serialized_end=772
+  _globals['_KVACK']._serialized_start=774
+  _globals['_KVACK']._serialized_end=840
+  _globals['_KVTRANSFER']._serialized_start=842
+  _globals['_KVTRANSFER']._serialized_end=933
 # @@protoc_insertion_point(module_scope)

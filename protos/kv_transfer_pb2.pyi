@@ -8,7 +8,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
-class KvTransferRequest(_message.Message):
+class TransferRequest(_message.Message):
     __slots__ = ("request_id", "begin", "blocks", "truncate", "finish")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     BEGIN_FIELD_NUMBER: _ClassVar[int]
@@ -68,7 +68,7 @@ class KvFinish(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
 
-class KvTransferResponse(_message.Message):
+class TransferResponse(_message.Message):
     __slots__ = ("ack", "event")
     ACK_FIELD_NUMBER: _ClassVar[int]
     EVENT_FIELD_NUMBER: _ClassVar[int]

@@ -48,8 +48,8 @@ class KvTransferStub:
         """
         self.Transfer = channel.stream_stream(
                 '/streamrag.v1.KvTransfer/Transfer',
-                request_serializer=protos_dot_kv__transfer__pb2.KvTransferRequest.SerializeToString,
-                response_deserializer=protos_dot_kv__transfer__pb2.KvTransferResponse.FromString,
+                request_serializer=protos_dot_kv__transfer__pb2.TransferRequest.SerializeToString,
+                response_deserializer=protos_dot_kv__transfer__pb2.TransferResponse.FromString,
                 _registered_method=True)
 
 
@@ -81,8 +81,8 @@ def add_KvTransferServicer_to_server(servicer, server):
     rpc_method_handlers = {
             'Transfer': grpc.stream_stream_rpc_method_handler(
                     servicer.Transfer,
-                    request_deserializer=protos_dot_kv__transfer__pb2.KvTransferRequest.FromString,
-                    response_serializer=protos_dot_kv__transfer__pb2.KvTransferResponse.SerializeToString,
+                    request_deserializer=protos_dot_kv__transfer__pb2.TransferRequest.FromString,
+                    response_serializer=protos_dot_kv__transfer__pb2.TransferResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -122,8 +122,8 @@ class KvTransfer:
             request_iterator,
             target,
             '/streamrag.v1.KvTransfer/Transfer',
-            protos_dot_kv__transfer__pb2.KvTransferRequest.SerializeToString,
-            protos_dot_kv__transfer__pb2.KvTransferResponse.FromString,
+            protos_dot_kv__transfer__pb2.TransferRequest.SerializeToString,
+            protos_dot_kv__transfer__pb2.TransferResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -24,10 +24,15 @@ SERVICE_NAME = retriever_pb2.DESCRIPTOR.services_by_name["Retriever"].full_name
 COLLECTIONS_SERVICE = retriever_pb2.DESCRIPTOR.services_by_name["Collections"].full_name
 # kind -> module exposing `build_backend(args) -> RetrieverBackend`
 BACKENDS = {"anns": "retriever_svc.anns", "crawler": "retriever_svc.crawler", "replay": "retriever_svc.replay"}
+# --backend of the ANNS kind -> its module (same `build_backend`)
+ANNS_BACKENDS = {"diskannpy": "retriever_svc.anns", "milvus": "retriever_svc.milvus.backend"}
 
 
 def build_backend(args: argparse.Namespace) -> RetrieverBackend:
-    return importlib.import_module(BACKENDS[args.kind]).build_backend(args)
+    module = BACKENDS[args.kind]
+    if args.kind == "anns":
+        module = ANNS_BACKENDS[getattr(args, "backend", "diskannpy")]
+    return importlib.import_module(module).build_backend(args)
 
 
 def service_config(args: argparse.Namespace) -> ServiceConfig:

@@ -10,6 +10,7 @@ from servicekit.config import DEFAULT_PORTS, add_service_args, env_default
 from servicekit.tls import add_tls_args
 
 KINDS = ["anns", "crawler", "replay"]
+ANNS_BACKENDS = ["diskannpy", "milvus"]
 # The crawler's defaults (retriever_svc.crawler.CrawlerSettings uses these too).
 SEARCH_AT_START_SITE = "auto"          # --search-url: /search on the first start URL's site
 CRAWLER_SEEDS = 5
@@ -35,6 +36,15 @@ def add_retriever_args(parser: argparse.ArgumentParser) -> None:
     anns.add_argument("--l-schedule", default=env("l_schedule", "16,64,256"),
                       help="growing search list sizes L; the last is the final, full search")
     anns.add_argument("--beam-width", type=int, default=env("beam_width", 8))
+    anns.add_argument("--backend", choices=ANNS_BACKENDS, default=env("backend", "diskannpy"),
+                      help="where the vectors are searched: diskannpy (in this process) or milvus (--milvus-uri)")
+    anns.add_argument("--milvus-uri", default=env("milvus_uri", ""),
+                      help="Milvus to use with --backend milvus: the embedded server, Standalone or a cluster's proxy "
+                           "(e.g. http://127.0.0.1:19530)")
+    anns.add_argument("--milvus-index", choices=["auto", "DISKANN", "HNSW"], default=env("milvus_index", "auto"),
+                      help="index Milvus builds (auto: DISKANN, HNSW on the embedded server, which lacks DiskANN)")
+    anns.add_argument("--milvus-timeout", type=float, default=env("milvus_timeout", 5.0),
+                      help="seconds one Milvus search may take before the retrieval ends UNAVAILABLE")
     crawler = parser.add_argument_group("crawler")
     crawler.add_argument("--start-url", action="append", default=None,
                          help="the site to crawl (default: the corpus server's index page); with --search-url none "

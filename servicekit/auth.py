@@ -178,30 +178,42 @@ class _Details(grpc.ClientCallDetails):
         self.metadata = metadata
 
 
-class BearerAioInterceptor(grpc.aio.UnaryUnaryClientInterceptor, grpc.aio.UnaryStreamClientInterceptor,
-                           grpc.aio.StreamUnaryClientInterceptor, grpc.aio.StreamStreamClientInterceptor):
-    """The `grpc.aio` form of the interceptor above: a service presents its key to another
-    (`servicekit.channels.open_channel(..., api_key=KEY)`)."""
+class _BearerAio:
+    """Adds `authorization: Bearer KEY` to a `grpc.aio` call's metadata."""
 
     def __init__(self, key: str) -> None:
         self._metadata = bearer_metadata(key)
 
     def _with_key(self, details: grpc.aio.ClientCallDetails) -> grpc.aio.ClientCallDetails:
-        metadata = [*(details.metadata or ()), *self._metadata]
+        metadata = grpc.aio.Metadata(*(details.metadata or ()), *self._metadata)
         return grpc.aio.ClientCallDetails(details.method, details.timeout, metadata, details.credentials,
                                           details.wait_for_ready)
 
+
+class _BearerUnaryUnary(_BearerAio, grpc.aio.UnaryUnaryClientInterceptor):
     async def intercept_unary_unary(self, continuation, details, request):
         return await continuation(self._with_key(details), request)
 
+
+class _BearerUnaryStream(_BearerAio, grpc.aio.UnaryStreamClientInterceptor):
     async def intercept_unary_stream(self, continuation, details, request):
         return await continuation(self._with_key(details), request)
 
+
+class _BearerStreamUnary(_BearerAio, grpc.aio.StreamUnaryClientInterceptor):
     async def intercept_stream_unary(self, continuation, details, requests):
         return await continuation(self._with_key(details), requests)
 
+
+class _BearerStreamStream(_BearerAio, grpc.aio.StreamStreamClientInterceptor):
     async def intercept_stream_stream(self, continuation, details, requests):
         return await continuation(self._with_key(details), requests)
+
+
+def bearer_aio_interceptors(key: str) -> list[grpc.aio.ClientInterceptor]:
+    """`grpc.aio` client interceptors that present `key` on every call of a channel, one per call
+    kind (a `grpc.aio` channel files each interceptor under the first kind it is an instance of)."""
+    return [kind(key) for kind in (_BearerUnaryUnary, _BearerUnaryStream, _BearerStreamUnary, _BearerStreamStream)]
 
 
 def keyed_channel(target: str, options: Sequence[tuple[str, object]] = (), key: str | None = None) -> grpc.Channel:

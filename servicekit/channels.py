@@ -2,8 +2,13 @@
 
 Every channel reconnects quickly to a peer that was down: gRPC's default back-off grows to
 120 s, which would leave a restarted replica, retriever or orchestrator unused for minutes, so
-the back-off starts at 0.5 s and is capped at 2 s. With `tls` carrying a CA, the channel dials
-with TLS and verifies the server (mutual TLS when `tls.cert` is set too; see `servicekit.tls`).
+the back-off starts at 0.5 s and is capped at 2 s. Every channel also pings its peer
+(`KEEPALIVE_OPTIONS`): a peer that stops answering while its socket stays open (a stopped
+process, a hung host) fails the channel's calls UNAVAILABLE ("ping timeout") within about
+10 s instead of leaving them waiting; every server accepts those pings
+(`SERVER_KEEPALIVE_OPTIONS`, which `servicekit.server` passes to its gRPC server). With `tls`
+carrying a CA, the channel dials with TLS and verifies the server (mutual TLS when `tls.cert`
+is set too; see `servicekit.tls`).
 With `api_key`, every call presents it (`authorization: Bearer KEY`, `servicekit.auth`).
 """
 
@@ -13,18 +18,31 @@ from collections.abc import Sequence
 
 import grpc
 
-from servicekit.auth import BearerAioInterceptor
+from servicekit.auth import bearer_aio_interceptors
 from servicekit.tls import TlsFiles
 
 RECONNECT_OPTIONS = (("grpc.initial_reconnect_backoff_ms", 500), ("grpc.max_reconnect_backoff_ms", 2000))
+# The longest a channel to a peer that is back waits before it dials again: the back-off cap
+# plus gRPC's 20 % jitter. A caller that waits for a channel to be ready waits at least this.
+RECONNECT_WITHIN_S = 2.0 * 1.2
+# A ping every 5 s while calls are open; no answer within 5 s closes the connection. A stream
+# that sends nothing for a while (a long prefill, a health watch) still pings:
+# `max_pings_without_data` 0 lifts gRPC's limit of two pings without data, and gRPC's own
+# ping timeout (`ping_timeout_ms`, 60 s by default) is the one that closes the connection.
+KEEPALIVE_OPTIONS = (("grpc.keepalive_time_ms", 5000), ("grpc.keepalive_timeout_ms", 5000),
+                     ("grpc.http2.ping_timeout_ms", 5000), ("grpc.http2.max_pings_without_data", 0))
+# The server's side of it: pings 2.5 s apart or more, without data, are welcome (gRPC's default
+# answers a second ping within 5 minutes with GOAWAY "too_many_pings", failing the calls).
+SERVER_KEEPALIVE_OPTIONS = (("grpc.http2.min_ping_interval_without_data_ms", 2500),
+                            ("grpc.keepalive_permit_without_calls", 1))
 
 
 def open_channel(address: str, tls: TlsFiles | None = None,
                  options: Sequence[tuple[str, object]] = (), api_key: str | None = None) -> grpc.aio.Channel:
-    """A `grpc.aio` channel to `address` with the reconnect options above (`options` add to or
-    override them): TLS when `tls.ca` is set, plaintext otherwise; presenting `api_key` when given."""
-    merged = list(dict([*RECONNECT_OPTIONS, *options]).items())
-    interceptors = [BearerAioInterceptor(api_key)] if api_key else None
+    """A `grpc.aio` channel to `address` with the reconnect and keepalive options above (`options`
+    add to or override them): TLS when `tls.ca` is set, plaintext otherwise; presenting `api_key` when given."""
+    merged = list(dict([*RECONNECT_OPTIONS, *KEEPALIVE_OPTIONS, *options]).items())
+    interceptors = bearer_aio_interceptors(api_key) if api_key else None
     if tls is not None and tls.ca is not None:
         return grpc.aio.secure_channel(address, tls.channel_credentials(), options=merged, interceptors=interceptors)
     return grpc.aio.insecure_channel(address, options=merged, interceptors=interceptors)

@@ -28,6 +28,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 from prometheus_client import REGISTRY, CollectorRegistry, start_http_server
 
+from servicekit.channels import SERVER_KEEPALIVE_OPTIONS
 from servicekit.config import ServiceConfig
 from servicekit.tls import TlsFiles
 
@@ -140,6 +141,7 @@ class ServiceRunner:
         self.server = grpc.aio.server(interceptors=[*interceptors, RejectUndecodableRequests()], options=[
             ("grpc.max_receive_message_length", max_message_bytes),
             ("grpc.max_send_message_length", max_message_bytes),
+            *SERVER_KEEPALIVE_OPTIONS,      # the pings of every client channel (servicekit.channels)
         ])
         for add, servicer in servicers:
             add(servicer, self.server)

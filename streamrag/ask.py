@@ -15,7 +15,13 @@ import time
 
 import grpc
 
-from inference_svc.engine.options import DEFAULT_SPECULATION, MAX_SPECULATION_DEPTH, speculation_arg
+from inference_svc.engine.options import (
+    DEFAULT_SPECULATION,
+    KV_REUSE_CHOICES,
+    MAX_SPECULATION_DEPTH,
+    blend_recompute_arg,
+    speculation_arg,
+)
 from protos import common_pb2, orchestrator_pb2, orchestrator_pb2_grpc
 from servicekit.auth import keyed_channel
 
@@ -34,6 +40,12 @@ def add_ask_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--speculation", type=speculation_arg, default=DEFAULT_SPECULATION,
                         help="speculative decoding drafted from the retrieved context: off, auto or a fixed depth "
                              f"0..{MAX_SPECULATION_DEPTH} (default {DEFAULT_SPECULATION})")
+    parser.add_argument("--kv-reuse", choices=KV_REUSE_CHOICES, default=None,
+                        help="exact: only an identical prefix's KV is reused; blend: cached retrieved passages are "
+                             "reused at new positions, a share recomputed (approximate; default: the server's)")
+    parser.add_argument("--blend-recompute", type=blend_recompute_arg, default=None,
+                        help="with --kv-reuse blend: share of a reused passage's tokens recomputed, in [0, 1] "
+                             "(default: the server's, 0.15)")
     parser.add_argument("--collection", default="",
                         help="search this collection of your own documents (anns; default: the bundled docs)")
     parser.add_argument("--top-k", type=int, default=0)
@@ -104,7 +116,9 @@ def run_ask(args: argparse.Namespace) -> int:
     request = orchestrator_pb2.AskRequest(question=args.question, retriever=CHOICES[args.retriever],
                                           no_stream=args.no_stream, max_tokens=args.max_tokens, top_k=args.top_k,
                                           retrieval_deadline_ms=args.deadline_ms, collection=args.collection,
-                                          sampling=common_pb2.SamplingParams(speculation=args.speculation))
+                                          sampling=common_pb2.SamplingParams(
+                                              speculation=args.speculation, kv_reuse=args.kv_reuse or "",
+                                              blend_recompute=args.blend_recompute))
     status = StatusLine(not args.json)
     started = time.monotonic()
     answer_started = False
@@ -152,6 +166,9 @@ def run_ask(args: argparse.Namespace) -> int:
             "ttft_from_question_s": round(done.ttft_from_question_s, 4),
             "ttft_after_retrieval_s": round(done.ttft_from_retrieval_end_s, 4),
             "retrieval_s": round(done.retrieval_s, 4), "total_s": round(done.total_s, 4), "replica": done.replica,
+            "kv_reuse": done.stats.kv_reuse or "exact", "blend_reused_tokens": done.stats.blend_reused_tokens,
+            "blend_recomputed_tokens": done.stats.blend_recomputed_tokens,
+            "chunk_cache_hits": done.stats.chunk_cache_hits, "chunk_cache_lookups": done.stats.chunk_cache_lookups,
         }))
         return 0
     print("\n\nSources:")
@@ -161,6 +178,11 @@ def run_ask(args: argparse.Namespace) -> int:
     print(f"\n{mode}: first token {done.ttft_from_question_s:.2f} s after the question, "
           f"{done.ttft_from_retrieval_end_s:.2f} s after retrieval ended ({done.retrieval_s:.2f} s); "
           f"request {done.request_id}")
+    if done.stats.kv_reuse == "blend":
+        s = done.stats
+        print(f"kv reuse blend (approximate, not exact): {s.blend_reused_tokens} prompt tokens reused from "
+              f"{s.chunk_cache_hits} of {s.chunk_cache_lookups} cached passages, {s.blend_recomputed_tokens} of "
+              f"them recomputed")
     return 0
 
 

@@ -76,12 +76,17 @@ COMMANDS = (
             "load_tests.engine_bench:add_bench_engine_args", "load_tests.engine_bench:run_engine_bench"),
     Command("bench decode", "decode tokens/s with speculative decoding off, fixed depths, auto",
             "load_tests.decode_bench:add_bench_decode_args", "load_tests.decode_bench:run_bench_decode"),
+    Command("bench disagg", "disaggregated prefill/decode (KV shipped per chunk) against one colocated replica on "
+            "the same cores: ITL, TTFT, hand-off, goodput",
+            "load_tests.disagg_bench:add_bench_disagg_args", "load_tests.disagg_bench:run_bench_disagg"),
+    Command("bench steps", "step times, cancel latency and a new request's TTFT behind a long prefill: fixed "
+                           "token budget against steps bounded in time",
+            "load_tests.step_budget_bench:add_bench_steps_args", "load_tests.step_budget_bench:run_bench_steps"),
     Command("bench concurrent", "prefill tokens/s of N concurrent Generate calls, native against vLLM",
             "load_tests.concurrent_bench:add_bench_concurrent_args",
             "load_tests.concurrent_bench:run_bench_concurrent"),
-    Command("bench retrieval", "ANNS stage latency and recall against exact search",
-            "retriever_svc.retrieval_bench:add_bench_retrieval_args",
-            "retriever_svc.retrieval_bench:run_bench_retrieval"),
+    Command("bench retrieval", "ANNS stage latency and recall against exact search; --backend diskannpy,milvus "
+            "compares the backends", "load_tests.retrieval_bench:add_args", "load_tests.retrieval_bench:run"),
     Command("bench replay", "replay a trace against Inference: streaming vs non-streaming",
             "load_tests.replay:add_bench_replay_args", "load_tests.replay:run_bench_replay"),
     Command("bench quality", "retrieval quality through the stack: hit@k of the answering page, time to the first "
@@ -100,6 +105,9 @@ COMMANDS = (
             "load_tests.results_page:add_bench_report_args", "load_tests.results_page:run_bench_report"),
     Command("bench gateway", "time to first token and per-token overhead the HTTP gateway adds to an Ask",
             "load_tests.gateway_bench:add_bench_gateway_args", "load_tests.gateway_bench:run_bench_gateway"),
+    Command("bench chaos", "a soak of asks while services are killed and frozen: failures per fault, recovery, "
+                           "lost lifecycle events, leaked blocks, answers against a fault-free pass",
+            "load_tests.chaos.run:add_bench_chaos_args", "load_tests.chaos.run:run_bench_chaos"),
     Command("up", "start the whole stack on this machine as processes",
             "streamrag.stack.commands:add_up_args", "streamrag.stack.commands:run_up"),
     Command("status", "health and key stats of the local stack",

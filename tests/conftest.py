@@ -23,11 +23,13 @@ OPT_IN = {
     "cuda": "needs an NVIDIA GPU: run with --run-cuda on a CUDA machine",
     "vllm": "needs the vllm extra (pip install -e '.[vllm]'): run with --run-vllm",
     "compose": "builds and runs the compose stack (needs dockerd and docker-compose): run with --run-compose",
+    "milvus": "runs the embedded Milvus server (pip install -e '.[milvus]'): run with --run-milvus",
 }
 
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "compose: builds and runs the compose stack (run with --run-compose)")
+    config.addinivalue_line("markers", "milvus: runs the embedded Milvus server (run with --run-milvus)")
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

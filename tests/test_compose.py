@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from gateway.server_args import add_gateway_args
 from inference_svc.embedded_model import add_model_prepare_args
 from inference_svc.server_args import add_inference_args
 from orchestrator.server_args import add_orchestrator_args
@@ -32,7 +33,7 @@ from streamrag.stack import commands, plan
 
 ROOT = Path(__file__).resolve().parents[1]
 COMPOSE = ROOT / "compose"
-SERVICES = {"redis", "corpus", "anns", "crawler", "inference-0", "inference-1", "orchestrator"}
+SERVICES = {"redis", "corpus", "anns", "crawler", "inference-0", "inference-1", "orchestrator", "gateway"}
 PROBE = ["CMD", "python", "-m", "servicekit.health"]
 
 
@@ -54,6 +55,7 @@ SERVICE_MODULES = {
     "retriever_svc.server": add_retriever_args,
     "inference_svc.server": add_inference_args,
     "orchestrator.server": add_orchestrator_args,
+    "gateway.server": add_gateway_args,
     "inference_svc.embedded_model": add_model_prepare_args,
     "retriever_svc.corpus.index": add_index_build_args,
 }
@@ -80,8 +82,7 @@ def test_the_services_are_those_of_streamrag_up_with_two_replicas(services):
     parser = argparse.ArgumentParser()
     commands.add_up_args(parser)
     planned = plan.plan_stack(parser.parse_args(["--replicas", "2"]), Path("/index"), redis_port=6379)
-    # The HTTP gateway is not in the compose stack yet (docs/gateway.md).
-    assert set(services) == SERVICES == {s.name for s in planned} - {"gateway"}
+    assert set(services) == SERVICES == {s.name for s in planned}
 
 
 def test_every_command_is_one_the_cli_accepts_on_all_interfaces(services):
@@ -103,7 +104,14 @@ def test_the_orchestrator_reaches_each_service_where_it_listens(services):
     assert args.redis == "redis://redis:6379/0"
     crawler = cli_args(services["crawler"]["command"])
     assert crawler.start_url == [f"http://corpus:{listens_on(services['corpus'])}/index.html"]
-    assert services["orchestrator"]["ports"] == [f"${{STREAMRAG_ORCHESTRATOR_PORT:-{args.port}}}:{args.port}"]
+    gateway = cli_args(services["gateway"]["command"])
+    assert gateway.orchestrator == f"orchestrator:{args.port}"
+
+
+def test_only_the_gateway_is_published(services):
+    published = {name: service["ports"] for name, service in services.items() if service.get("ports")}
+    port = listens_on(services["gateway"])
+    assert published == {"gateway": [f"${{STREAMRAG_GATEWAY_PORT:-{port}}}:{port}"]}
 
 
 def test_every_service_has_a_health_check_that_probes_its_own_port(services):
@@ -116,8 +124,9 @@ def test_every_service_has_a_health_check_that_probes_its_own_port(services):
         probe = health.probe_parser().parse_args(test[4:])
         check, target = probe.check, probe.target
         port = listens_on(service)
-        expected = f"http://127.0.0.1:{port}/index.html" if name == "corpus" else f"127.0.0.1:{port}"
-        assert (check, target) == ("http" if name == "corpus" else "grpc", expected)
+        http = {"corpus": f"http://127.0.0.1:{port}/index.html", "gateway": f"http://127.0.0.1:{port}/health"}
+        expected = ("http", http[name]) if name in http else ("grpc", f"127.0.0.1:{port}")
+        assert (check, target) == expected, name
 
 
 def test_dependencies_wait_for_health_and_form_no_cycle(services):
@@ -127,7 +136,8 @@ def test_dependencies_wait_for_health_and_form_no_cycle(services):
         assert all(d["condition"] == "service_healthy" for d in depends.values()), name
         assert set(depends) <= SERVICES - {name}
         needs[name] = set(depends)
-    assert needs["orchestrator"] == SERVICES - {"orchestrator", "corpus"}
+    assert needs["orchestrator"] == SERVICES - {"orchestrator", "corpus", "gateway"}
+    assert needs["gateway"] == {"orchestrator"}
     assert needs["crawler"] == {"corpus"}
     started: set[str] = set()
     while len(started) < len(needs):            # a start order exists
@@ -169,7 +179,7 @@ def dockerfiles() -> list[Path]:
 
 
 def test_there_is_one_dockerfile_per_service_kind():
-    assert {p.suffix[1:] for p in dockerfiles()} == {"corpus", "retriever", "inference", "orchestrator"}
+    assert {p.suffix[1:] for p in dockerfiles()} == {"corpus", "retriever", "inference", "orchestrator", "gateway"}
 
 
 @pytest.mark.parametrize("dockerfile", dockerfiles(), ids=lambda p: p.suffix[1:])
@@ -236,14 +246,62 @@ def test_the_dockerfiles_build_without_a_registry_and_with_any_builder(dockerfil
         assert f"COPY {path} " in text
 
 
+def test_the_services_that_check_keys_take_the_key_from_the_environment(services):
+    keyed = {name for name, service in services.items() if "STREAMRAG_API_KEY" in (service.get("environment") or {})}
+    assert keyed == {"gateway", "orchestrator", "anns", "crawler"}
+    for name in keyed:
+        assert services[name]["environment"]["STREAMRAG_API_KEY"] == "${STREAMRAG_API_KEY:-}"
+
+
+TLS_SERVICES = {"anns": "retriever", "crawler": "retriever", "inference-0": "inference", "inference-1": "inference",
+                "orchestrator": "orchestrator", "gateway": "gateway"}
+
+
+def test_the_tls_override_gives_each_service_its_own_certificate_and_the_probe_the_same():
+    override = yaml.safe_load((COMPOSE / "docker-compose.tls.yml").read_text())["services"]
+    assert set(override) == set(TLS_SERVICES)
+    certificates = re.search(r"names=\(([^)]*)\)", (ROOT / "scripts" / "make_certs.sh").read_text()).group(1).split()
+    for name, flags in TLS_SERVICES.items():
+        env = override[name]["environment"]
+        prefix = f"STREAMRAG_{flags.upper()}_TLS_"
+        assert env[f"{prefix}CERT"] == f"/tls/{name}.crt" and env[f"{prefix}KEY"] == f"/tls/{name}.key", name
+        assert env[f"{prefix}CA"] == env["STREAMRAG_HEALTH_TLS_CA"] == "/tls/ca.crt", name
+        assert name in certificates, f"scripts/make_certs.sh makes no certificate for {name}"
+        assert override[name]["volumes"] == ["${STREAMRAG_TLS_DIR:-./tls}:/tls:ro"]
+        if name != "gateway":     # mutual TLS: the probe presents the service's own certificate
+            assert env["STREAMRAG_HEALTH_TLS_CERT"] == env[f"{prefix}CERT"], name
+    probe = health.probe_parser().parse_args(override["gateway"]["healthcheck"]["test"][4:])
+    assert probe.target.startswith("https://127.0.0.1:")
+
+
+def test_the_env_names_the_tls_override_sets_are_the_ones_the_services_read(monkeypatch):
+    override = yaml.safe_load((COMPOSE / "docker-compose.tls.yml").read_text())["services"]
+    for name, flags in TLS_SERVICES.items():
+        for key, value in override[name]["environment"].items():
+            monkeypatch.setenv(key, value)
+        module = {"retriever": "retriever_svc.server", "inference": "inference_svc.server",
+                  "orchestrator": "orchestrator.server", "gateway": "gateway.server"}[flags]
+        parser = argparse.ArgumentParser()
+        SERVICE_MODULES[module](parser)
+        argv = ["--kind", "anns"] if flags == "retriever" else []
+        args = parser.parse_args(argv)
+        expected = (f"/tls/{name}.crt", f"/tls/{name}.key", "/tls/ca.crt")
+        assert (args.tls_cert, args.tls_key, args.tls_ca) == expected, name
+        probe = health.probe_parser().parse_args(["grpc", "127.0.0.1:1"])
+        assert probe.tls_ca == "/tls/ca.crt"
+        for key in override[name]["environment"]:
+            monkeypatch.delenv(key)
+
+
 def test_local_build_inputs_are_never_committed():
-    for directory in ("wheels", "certs"):
+    for directory in ("wheels", "certs", "tls"):
         ignore = (COMPOSE / directory / ".gitignore").read_text().split()
         assert "*" in ignore and "!.gitignore" in ignore
     if shutil.which("git") and (ROOT / ".git").exists():
         probe = subprocess.run(["git", "check-ignore", "compose/wheels/torch-2.13.0+cpu.whl",
-                                "compose/certs/proxy.crt"], cwd=ROOT, capture_output=True, text=True, timeout=30)
-        assert len(probe.stdout.split()) == 2, probe.stdout + probe.stderr
+                                "compose/certs/proxy.crt", "compose/tls/gateway.key"], cwd=ROOT, capture_output=True,
+                               text=True, timeout=30)
+        assert len(probe.stdout.split()) == 3, probe.stdout + probe.stderr
 
 
 def compose_commands() -> list[list[str]]:
@@ -261,6 +319,8 @@ def test_docker_compose_config_accepts_the_file():
     if not commands:
         pytest.skip("neither docker-compose (v1) nor the docker compose plugin (v2) is installed")
     for compose in commands:
-        result = subprocess.run([*compose, "-p", "streamrag", "-f", str(COMPOSE / "docker-compose.yml"), "config",
-                                 "--quiet"], capture_output=True, text=True, timeout=60)
-        assert result.returncode == 0, f"{compose}: {result.stderr}"
+        for files in (["docker-compose.yml"], ["docker-compose.yml", "docker-compose.tls.yml"]):
+            flags = [flag for name in files for flag in ("-f", str(COMPOSE / name))]
+            result = subprocess.run([*compose, "-p", "streamrag", *flags, "config", "--quiet"], capture_output=True,
+                                    text=True, timeout=60)
+            assert result.returncode == 0, f"{compose} {files}: {result.stderr}"

@@ -39,6 +39,7 @@ INFERENCE_ROOMS = {
     "rpc": {"engine", "options"},
     "native": {"engine", "rpc", "options"},
     "vllm_backend": {"engine", "rpc", "options"},
+    "disagg": {"engine", "rpc", "native", "options"},   # the native service plus KV transfer between replicas
 }
 
 

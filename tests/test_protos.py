@@ -13,6 +13,7 @@ from protos import (
     generate,
     inference_pb2,
     inference_pb2_grpc,
+    kv_transfer_pb2,
     orchestrator_pb2,
     orchestrator_pb2_grpc,
     retriever_pb2,
@@ -27,6 +28,7 @@ FILES: list[FileDescriptor] = [
     retriever_pb2.DESCRIPTOR,
     orchestrator_pb2.DESCRIPTOR,
     sessions_pb2.DESCRIPTOR,
+    kv_transfer_pb2.DESCRIPTOR,
 ]
 
 UPPER_SNAKE = re.compile(r"^[A-Z][A-Z0-9]*(_[A-Z0-9]+)*$")
@@ -69,7 +71,7 @@ def test_stubs_import_from_repo_root():
     assert {file.package for file in FILES} == {"streamrag.v1"}
     services = {service.full_name for file in FILES for service in file.services_by_name.values()}
     assert services == {"streamrag.v1.Inference", "streamrag.v1.Retriever", "streamrag.v1.Orchestrator",
-                        "streamrag.v1.Sessions", "streamrag.v1.Collections"}
+                        "streamrag.v1.Sessions", "streamrag.v1.Collections", "streamrag.v1.KvTransfer"}
 
 
 def test_committed_stubs_match_the_proto_files():

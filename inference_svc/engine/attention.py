@@ -159,3 +159,26 @@ def paged_attention(
         )
         out[rows] = op[0].transpose(0, 1)
     return out.view(t, num_heads * head_dim)
+
+
+def attend_rows(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, ctx_slots: torch.Tensor,
+                positions: torch.Tensor) -> torch.Tensor:
+    """Attend a sequence's query rows (any subset of its positions, a blend's recomputed tokens) over its
+    cached K/V; returns ``[rows, heads * D]``.
+
+    ``q`` is ``[heads, rows, D]`` at ``positions`` ``[rows]``; ``ctx_slots`` are the cache slots of positions
+    ``[0, end)``; row ``i`` sees positions ``<= positions[i]``.
+    """
+    num_heads, rows, head_dim = q.shape
+    end = ctx_slots.shape[0]
+    kp = k_cache.index_select(0, ctx_slots).transpose(0, 1)
+    vp = v_cache.index_select(0, ctx_slots).transpose(0, 1)
+    gqa = num_heads != kp.shape[0]
+    if gqa and q.device.type == "cuda":   # CUDA's masked kernel lacks GQA: repeat K/V
+        group = num_heads // kp.shape[0]
+        kp, vp, gqa = kp.repeat_interleave(group, 0), vp.repeat_interleave(group, 0), False
+    allowed = torch.arange(end, device=positions.device)[None, :] <= positions[:, None]
+    mask = torch.zeros(allowed.shape, dtype=q.dtype, device=q.device).masked_fill_(~allowed.to(q.device),
+                                                                                  float("-inf"))
+    out = F.scaled_dot_product_attention(q[None], kp[None], vp[None], attn_mask=mask, enable_gqa=gqa)
+    return out[0].transpose(0, 1).reshape(rows, num_heads * head_dim)

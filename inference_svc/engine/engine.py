@@ -22,14 +22,17 @@ from typing import Any, Protocol
 
 import torch
 
+from inference_svc.engine.chunk_store import keyed_spans
 from inference_svc.engine.cost_model import CostModel
 from inference_svc.engine.events import EngineEvent, EventKind
 from inference_svc.engine.kv_manager import KVCacheManager
 from inference_svc.engine.model_runner import ChunkInput
 from inference_svc.engine.options import (
+    DEFAULT_BLEND_RECOMPUTE,
     DEFAULT_BLOCK_SIZE,
     DEFAULT_DRAFT_BUDGET,
     DEFAULT_EVICTION,
+    DEFAULT_KV_REUSE,
     DEFAULT_MAX_RUNNING,
     DEFAULT_POLICY,
     DEFAULT_SPECULATIVE_APPEND_SHARE,
@@ -107,6 +110,11 @@ class EngineConfig:
     draft_budget: int = DEFAULT_DRAFT_BUDGET
     draft_ngram_sizes: tuple[int, ...] = DEFAULT_NGRAM_SIZES
     depth_settings: DepthSettings = field(default_factory=DepthSettings)
+    # KV reuse (chunk_store.py): a request's mode when it names none, the blend's recompute share when it
+    # names none, and the chunk store's most device blocks (None: a quarter of the pool)
+    kv_reuse: str = DEFAULT_KV_REUSE
+    blend_recompute: float = DEFAULT_BLEND_RECOMPUTE
+    chunk_device_blocks: int | None = None
 
 
 @dataclass
@@ -159,10 +167,13 @@ class Engine:
                                                    config.speculative_share, config.speculative_reserve_share,
                                                    config.speculative_append_share),
                                    self.policy, KVCacheManager(config.num_device_blocks, config.num_cpu_blocks,
-                                                               config.block_size, config.enable_prefix_cache),
+                                                               config.block_size, config.enable_prefix_cache,
+                                                               config.chunk_device_blocks,
+                                                               spill_chunks=config.eviction != "recompute"),
                                    self.cost_model, clock)
-        self.step_budget = (None if config.step_time_target_ms is None else
-                            StepBudget.from_cost_model(self.cost_model, config.step_time_target_ms, config.token_budget))
+        target_ms = config.step_time_target_ms
+        self.step_budget = (None if target_ms is None else
+                            StepBudget.from_cost_model(self.cost_model, target_ms, config.token_budget))
         self.sampler = Sampler()
         self.counters = EngineCounters()
         self.requests = self.scheduler.requests     # the one registry, owned by the scheduler
@@ -187,6 +198,9 @@ class Engine:
             raise EngineInputError(str(exc)) from exc
         now = self.clock() if arrived_at is None else arrived_at
         request = Request(request_id, sampling, now, priority, sched_class, head_segments=list(segments))
+        request.stats.kv_reuse = sampling.kv_reuse or self.config.kv_reuse
+        request.blend_recompute = (self.config.blend_recompute if sampling.blend_recompute is None
+                                   else sampling.blend_recompute)
         self._set_prompt(request, self._encode(segments))
         request.num_head_tokens = request.num_prompt_tokens
         self.scheduler.add(request)
@@ -230,8 +244,10 @@ class Engine:
     def append(self, request_id: str, segments: Sequence[Segment], arrived_at: float | None = None) -> None:
         """Add segments at the end of the context (the computed KV stays valid)."""
         request = self._open_request(request_id, "append")
+        spans = keyed_spans(self.tokenizer.encode, segments, request.num_prompt_tokens)
         self._set_prompt(request, request.prompt_token_ids + self._encode(segments))
         request.context_segments.extend(segments)
+        request.context_spans += spans
         request.stats.num_appends += 1
         self._input_arrived(request, arrived_at)
 
@@ -249,6 +265,7 @@ class Engine:
         invalidated = request.num_computed_tokens - valid
         request.prompt_token_ids = new_tokens
         request.context_segments = list(segments)
+        request.context_spans = keyed_spans(self.tokenizer.encode, segments, request.num_head_tokens)
         invalidated += valid - self._invalidate_from(request, valid)
         if invalidated:
             request.stats.tokens_invalidated += invalidated
@@ -341,7 +358,7 @@ class Engine:
             request = chunk.request
             tokens = request.token_ids[chunk.start:chunk.start + chunk.num_tokens - len(chunk.draft)] + chunk.draft
             inputs.append(ChunkInput(tokens, chunk.start, self.scheduler.block_table(request), chunk.wants_logits,
-                                     1 + len(chunk.draft)))
+                                     1 + len(chunk.draft), chunk.reuse))
         started = time.perf_counter()
         logits = self.runner.execute(inputs)
         if all(not chunk.request.is_decoding for chunk in out.chunks):

@@ -13,6 +13,10 @@ request owns; the model runner moves the bytes (the copy lists returned here are
   kept and overwritten from the LCP on; if that block is shared, it is copied first
   (copy-on-write). A swapped request is truncated on its CPU copy.
 - `swap_out` / `swap_in` move a table between pools; `free` releases everything.
+- `chunks` is the chunk KV store (chunk_store.py: retrieved passages' KV for reuse at any
+  position, blend mode only), on the same pools; `plan_reuse` plans a blend-mode chunk's reuse
+  and fills, `reclaim_chunks` frees its device blocks before anyone is preempted. KV that a blend
+  made approximate never enters the prefix cache (`_approx_from`), so exact requests never see it.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from collections.abc import Sequence
 from itertools import islice
 
 from inference_svc.engine.block_pool import BlockPool
+from inference_svc.engine.chunk_store import MIN_CHUNK_TOKENS, Capture, ChunkReuse, ChunkStore, ReusedSpan, ReusePlan
 
 BlockPairs = list[tuple[int, int]]
 
@@ -32,7 +37,8 @@ def blocks_for(num_tokens: int, block_size: int) -> int:
 
 class KVCacheManager:
     def __init__(self, num_device_blocks: int, num_cpu_blocks: int, block_size: int = 16,
-                 enable_prefix_cache: bool = True) -> None:
+                 enable_prefix_cache: bool = True, chunk_device_blocks: int | None = None,
+                 spill_chunks: bool = True) -> None:
         if block_size < 1:
             raise ValueError("block_size must be >= 1")
         self.block_size = block_size
@@ -42,6 +48,11 @@ class KVCacheManager:
         self.device_tables: dict[str, list[int]] = {}
         self.cpu_tables: dict[str, list[int]] = {}
         self._hash_chains: dict[str, list[int]] = {}  # hashes of a request's leading full blocks
+        self._approx_from: dict[str, int] = {}  # first token whose KV a blend made approximate
+        self.chunks = ChunkStore(self.device, self.cpu, block_size,
+                                 device_capacity=(num_device_blocks // 4 if chunk_device_blocks is None
+                                                  else chunk_device_blocks),
+                                 cpu_capacity=num_cpu_blocks // 2, spill=spill_chunks)
 
     # --- queries --------------------------------------------------------------------
     def device_table(self, request_id: str) -> list[int]:
@@ -128,7 +139,8 @@ class KVCacheManager:
         if not self.enable_prefix_cache:
             return
         table = self.device_tables.get(request_id, [])
-        full = min(num_computed // self.block_size, len(table))
+        full = min(num_computed, self._approx_from.get(request_id, num_computed)) // self.block_size
+        full = min(full, len(table))
         chain = self._hash_chains.setdefault(request_id, [])
         if len(chain) < full:
             self._extend_chain(chain, token_ids, tail, full)
@@ -182,6 +194,9 @@ class KVCacheManager:
             chain = self._hash_chains.get(parent_id)
             if chain:
                 self._hash_chains[child_id] = chain[:full]
+            approx = self._approx_from.get(parent_id)
+            if approx is not None and approx < num_tokens:
+                self._approx_from[child_id] = approx
         return num_tokens, copies
 
     # --- invalidation ---------------------------------------------------------------
@@ -197,6 +212,8 @@ class KVCacheManager:
         chain = self._hash_chains.get(request_id)
         if chain is not None:
             del chain[num_valid_tokens // bs:]
+        if self._approx_from.get(request_id, num_valid_tokens) >= num_valid_tokens:
+            self._approx_from.pop(request_id, None)   # the approximate KV is gone
         copies: BlockPairs = []
         for pool, tables in ((self.device, self.device_tables), (self.cpu, self.cpu_tables)):
             table = tables.get(request_id)
@@ -226,10 +243,11 @@ class KVCacheManager:
 
     # --- preemption -----------------------------------------------------------------
     def can_swap_out(self, request_id: str) -> bool:
-        return self.num_device_blocks(request_id) <= self.cpu.num_free
+        return self.num_device_blocks(request_id) <= self.cpu.num_free + self.chunks.reclaimable_cpu()
 
     def swap_out(self, request_id: str) -> BlockPairs:
         """Move the device table to the CPU pool; returns (device, cpu) copies to perform."""
+        self.chunks.reclaim_cpu(self.num_device_blocks(request_id))   # a request's KV before cached chunks
         table = self.device_tables.pop(request_id, [])
         cpu_blocks = self.cpu.allocate(len(table))
         self.device.decref_all(table)
@@ -252,16 +270,61 @@ class KVCacheManager:
         for pool, tables in ((self.device, self.device_tables), (self.cpu, self.cpu_tables)):
             pool.decref_all(tables.pop(request_id, ()))
         self._hash_chains.pop(request_id, None)
+        self._approx_from.pop(request_id, None)
 
     def forget(self, request_id: str) -> None:
         """Drop the cached hash chain (its tokens changed beyond repair) without freeing."""
         self._hash_chains.pop(request_id, None)
 
+    # --- the chunk store (blend mode) ------------------------------------------------
+    def begin_step(self) -> None:
+        """A scheduling step starts: the chunk store's pins of the last step are over."""
+        self.chunks.begin_step()
+
+    def reclaim_chunks(self, num_blocks: int) -> BlockPairs | None:
+        """Evict cached chunks until `num_blocks` device blocks are free (or none is left to evict).
+        Returns the device->CPU spill copies (in order, before the forward), or None if nothing changed."""
+        return self.chunks.reclaim_device(num_blocks)
+
+    def plan_reuse(self, request_id: str, prompt_token_ids: Sequence[int], spans: Sequence[tuple[int, int]],
+                   start: int, num_tokens: int, fraction: float) -> ReusePlan:
+        """A blend-mode chunk computing positions [start, start + num_tokens) of a request whose keyed
+        context segments (retrieved passages) sit at `spans`: the cached passages it reuses (any
+        position; the part inside the chunk) and the passages it completes, to capture. The request's
+        device table already covers the chunk."""
+        plan = ReusePlan()
+        end = start + num_tokens
+        spans_used: list[ReusedSpan] = []
+        captures: list[Capture] = []
+        for a, b in spans:
+            if b <= start or a >= end or b - a < MIN_CHUNK_TOKENS:
+                continue
+            tokens = prompt_token_ids[a:b]
+            first_look = b <= end      # counted once per passage: in the chunk that completes it
+            plan.lookups += first_look
+            entry = self.chunks.lookup(tokens)
+            if entry is not None:
+                plan.hits += first_look
+                lo, hi = max(a, start), min(b, end)
+                spans_used.append(ReusedSpan(lo, hi - lo, tuple(entry.blocks), entry.on_cpu, lo - a, entry.position))
+            elif b <= end and not self.chunks.contains(tokens):
+                entry, moves = self.chunks.capture(tokens, a)
+                plan.moves += moves
+                if entry is not None:
+                    captures.append(Capture(a, b - a, tuple(entry.blocks)))
+        if spans_used:
+            first = spans_used[0].start
+            self._approx_from[request_id] = min(self._approx_from.get(request_id, first), first)
+        if spans_used or captures:
+            plan.reuse = ChunkReuse(tuple(spans_used), tuple(captures), fraction)
+        return plan
+
     # --- invariants -----------------------------------------------------------------
     def check_invariants(self) -> None:
-        """Every block is free or held by tables exactly as often as its reference count."""
-        for pool, tables in ((self.device, self.device_tables), (self.cpu, self.cpu_tables)):
+        """Every block is free or held by tables (and cached chunks) exactly as often as its reference count."""
+        for pool, tables, on_cpu in ((self.device, self.device_tables, False), (self.cpu, self.cpu_tables, True)):
             owners = Counter(block for table in tables.values() for block in table)
+            owners.update(self.chunks.owners(on_cpu))
             pool.check(owners)
         for request_id in self.cpu_tables:
             assert request_id not in self.device_tables, f"{request_id} holds blocks on both pools"

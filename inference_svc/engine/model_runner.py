@@ -7,6 +7,10 @@ computes the LM head only for the chunks that want next-token logits.
 
 Which blocks a sequence owns, and what to swap or copy, is decided elsewhere (block
 manager, scheduler); the runner owns the weights, the KV tensors and the math.
+
+A chunk with `reuse` (blend mode, chunk_store.py) does the chunk store's work: a chunk that reuses
+cached passages is loaded and run on its own (blend.py: keys re-rotated, the most deviating tokens
+recomputed); the passages a chunk completes are captured after the forward pass.
 """
 
 from __future__ import annotations
@@ -17,7 +21,9 @@ from pathlib import Path
 
 import torch
 
-from inference_svc.engine.attention import build_metadata
+from inference_svc.engine.attention import _slots, build_metadata
+from inference_svc.engine.blend import load_spans, store_captures
+from inference_svc.engine.chunk_store import ChunkReuse
 from inference_svc.engine.kv_cache import KVCache, kv_bytes_per_block
 from inference_svc.engine.models import ModelConfig, load_model, random_model
 
@@ -29,6 +35,7 @@ class ChunkInput:
     block_table: Sequence[int]  # device block ids covering positions [0, start_pos + len(token_ids))
     want_logits: bool  # return next-token logits of this chunk's last token
     num_logits: int = 1  # with want_logits: logits of this many trailing tokens (verifying a draft)
+    reuse: ChunkReuse | None = None  # blend mode: cached passages to reuse, passages to capture (chunk_store.py)
 
 
 class ModelRunner:
@@ -123,6 +130,55 @@ class ModelRunner:
         (``num_logits``, usually 1), in position order.
         """
         self._validate(chunks)
+        blended = [i for i, c in enumerate(chunks) if c.reuse is not None and c.reuse.spans]
+        logits = self._execute_with_blends(chunks, blended) if blended else self._execute_packed(chunks)
+        for c in chunks:
+            if c.reuse is not None and c.reuse.captures:
+                store_captures(self.kv_cache.device_pool, c.reuse.captures, c.block_table, self.block_size)
+        return logits
+
+    def _execute_with_blends(self, chunks: Sequence[ChunkInput], blended: list[int]) -> torch.Tensor:
+        """The plain chunks packed as usual, each blended chunk on its own; logits in the order of `chunks`."""
+        plain = [i for i in range(len(chunks)) if i not in blended]
+        rows: dict[int, torch.Tensor] = {}
+        if plain:
+            packed = self._execute_packed([chunks[i] for i in plain])
+            row = 0
+            for i in plain:
+                if chunks[i].want_logits:
+                    rows[i] = packed[row:row + chunks[i].num_logits]
+                    row += chunks[i].num_logits
+        for i in blended:
+            out = self._execute_blend(chunks[i])
+            if chunks[i].want_logits:
+                rows[i] = out
+        if not rows:
+            return torch.empty(0, self.config.vocab_size, dtype=torch.float32, device=self.device)
+        return torch.cat([rows[i] for i in sorted(rows)])
+
+    def _execute_blend(self, c: ChunkInput) -> torch.Tensor:
+        """One chunk that reuses cached passages (blend.py); its logits rows (none unless it wants them)."""
+        bs, n = self.block_size, len(c.token_ids)
+        end = c.start_pos + n
+        load_spans(self.kv_cache.device_pool, self.kv_cache.cpu_pool, c.reuse.spans, c.block_table, bs,
+                   self.model.rotary.inv_freq)
+        reused = torch.zeros(n, dtype=torch.bool)
+        for span in c.reuse.spans:
+            reused[span.start - c.start_pos:span.start - c.start_pos + span.length] = True
+        keep = torch.zeros(n, dtype=torch.bool)
+        if c.want_logits:
+            keep[n - c.num_logits:] = True
+        ctx_slots = _slots(torch.tensor(list(c.block_table[: -(-end // bs)]), dtype=torch.long), end, bs)
+        dev = self.device
+        hidden, _ = self.model.forward_blend(
+            torch.tensor(list(c.token_ids), dtype=torch.long, device=dev),
+            torch.arange(c.start_pos, end, device=dev), ctx_slots.to(dev), ctx_slots[c.start_pos:].to(dev),
+            reused.to(dev), keep.to(dev), c.reuse.recomputed_tokens, self.kv_cache.layers)
+        if not c.want_logits:
+            return torch.empty(0, self.config.vocab_size, dtype=torch.float32, device=dev)
+        return self.model.compute_logits(hidden[-c.num_logits:])
+
+    def _execute_packed(self, chunks: Sequence[ChunkInput]) -> torch.Tensor:
         # Single-token chunks first: attention batches them in one call.
         order = sorted(range(len(chunks)), key=lambda i: len(chunks[i].token_ids) > 1)
         ids: list[int] = []

@@ -97,3 +97,29 @@ def speculation_arg(text: str) -> str:
 
 
 DEFAULT_KV_CPU_BLOCKS = 2048        # the swap pool
+
+
+# KV reuse across requests and refinements (chunk_store.py, blend.py): "exact" reuses only an
+# identical prefix (the output is the model's own); "blend" reuses a cached retrieved passage at any
+# position, its keys re-rotated and the most deviating `blend_recompute` share of its tokens
+# recomputed (CacheBlend's way; the output may differ from exact). Default exact.
+KV_REUSE_CHOICES = ("exact", "blend")
+DEFAULT_KV_REUSE = "exact"
+DEFAULT_BLEND_RECOMPUTE = 0.15      # CacheBlend's default share
+
+
+def check_kv_reuse(mode: str, fraction: float | None) -> None:
+    """Raise ValueError on a KV reuse mode outside KV_REUSE_CHOICES ("" is the default) or a
+    recompute share outside [0, 1] (None is the default)."""
+    if mode and mode not in KV_REUSE_CHOICES:
+        raise ValueError(f"kv_reuse must be one of {', '.join(KV_REUSE_CHOICES)}, got {mode!r}")
+    if fraction is not None and (isinstance(fraction, bool) or not isinstance(fraction, (int, float))
+                                 or not 0.0 <= fraction <= 1.0):   # NaN fails the comparison too
+        raise ValueError(f"blend_recompute must be a number in [0, 1], got {fraction!r}")
+
+
+def blend_recompute_arg(text: str) -> float:
+    """argparse type of --blend-recompute: a share in [0, 1]."""
+    value = float(text)
+    check_kv_reuse("", value)
+    return value

@@ -78,6 +78,19 @@ class RequestStats:
     num_updates: int = 0                  # update calls applied
     draft_tokens: int = 0                 # speculative decoding: drafted tokens verified ...
     accepted_draft_tokens: int = 0        # ... and those the model agreed with (emitted as output)
+    kv_reuse: str = "exact"               # the KV reuse mode it ran under; "blend" is never exact
+    blend_reused_tokens: int = 0          # blend: prompt tokens whose KV came from the chunk store ...
+    blend_recomputed_tokens: int = 0      # ... and of those, the ones recomputed (most deviating)
+    chunk_cache_lookups: int = 0          # blend: retrieved passages looked up in the chunk store ...
+    chunk_cache_hits: int = 0             # ... and found there
+
+    def note_reuse(self, plan) -> None:
+        """Count what a blend-mode chunk reused (`KVCacheManager.plan_reuse`'s `ReusePlan`)."""
+        self.chunk_cache_lookups += plan.lookups
+        self.chunk_cache_hits += plan.hits
+        if plan.reuse is not None:
+            self.blend_reused_tokens += plan.reuse.reused_tokens
+            self.blend_recomputed_tokens += plan.reuse.recomputed_tokens
 
     @property
     def ttft_from_open_s(self) -> float | None:
@@ -119,6 +132,10 @@ class Request:
     # confidence); tracked only when `track_confidence` is set.
     track_confidence: bool = False
     min_logit_gap: float | None = None
+    # Blend mode (chunk_store.py): the token spans [start, end) of the keyed context segments (the
+    # retrieved passages), and the share of a reused passage's tokens recomputed.
+    context_spans: list[tuple[int, int]] = field(default_factory=list)
+    blend_recompute: float = 0.0
     stats: RequestStats = field(default_factory=RequestStats)
 
     def __post_init__(self) -> None:

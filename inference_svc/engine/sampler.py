@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-from inference_svc.engine.options import DEFAULT_SPECULATION, parse_speculation
+from inference_svc.engine.options import DEFAULT_SPECULATION, check_kv_reuse, parse_speculation
 
 MAX_TOKENS_LIMIT = 1 << 20
 MAX_STOP_STRINGS = 16
@@ -31,6 +31,8 @@ class SamplingParams:
     ignore_eos: bool = False
     stop: tuple[str, ...] = ()   # stop strings: the output ends before the first one (see output_text.py)
     speculation: str = DEFAULT_SPECULATION   # "off", "auto" or a fixed draft depth "k" (options.parse_speculation)
+    kv_reuse: str = ""                       # "exact", "blend" or "" (the engine's default): options.KV_REUSE_CHOICES
+    blend_recompute: float | None = None     # blend: share of reused tokens recomputed; None: the engine's default
 
     @property
     def greedy(self) -> bool:
@@ -62,6 +64,7 @@ class SamplingParams:
         if any(not isinstance(s, str) or not 1 <= len(s) <= MAX_STOP_STRING_CHARS for s in self.stop):
             raise ValueError(f"stop strings must be non-empty and at most {MAX_STOP_STRING_CHARS} characters")
         parse_speculation(self.speculation)
+        check_kv_reuse(self.kv_reuse, self.blend_recompute)
         return self
 
 

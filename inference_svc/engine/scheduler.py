@@ -40,6 +40,7 @@ import enum
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
+from inference_svc.engine.chunk_store import ChunkReuse
 from inference_svc.engine.cost_model import CostModel
 from inference_svc.engine.kv_manager import BlockPairs, KVCacheManager
 from inference_svc.engine.options import (
@@ -132,6 +133,7 @@ class ScheduledChunk:
     start: int
     num_tokens: int                  # tokens computed this step, draft tokens included
     draft: list[int] = field(default_factory=list)   # drafted tokens after the request's last one, to verify
+    reuse: ChunkReuse | None = None  # blend mode: cached passages it reuses and passages it fills (chunk_store.py)
 
     @property
     def reaches_end(self) -> bool:
@@ -228,6 +230,25 @@ class Scheduler:
         copies = self.kv.truncate(request.request_id, valid)
         request.num_computed_tokens = self.kv.valid_tokens_after_truncate(request.request_id, valid)
         return copies
+
+    def import_blocks(self, request: Request, start: int, end: int) -> list[int] | None:
+        """A request whose prefill is filled from a transfer (disaggregated prefill, kv_export.py):
+        give it device blocks for tokens [`start`, `end`) and count them computed. Returns the
+        blocks to write, from block `start // block_size` on; None when it cannot take them (its KV
+        does not reach `start`: swapped or recomputing; or no free block), and the engine then
+        computes those tokens itself. Never preempts anyone."""
+        rid = request.request_id
+        if (request.state is RequestState.SWAPPED or request.num_computed_tokens < start
+                or request.num_computed_tokens >= end or start % self.kv.block_size):
+            return None
+        if not self.kv.allocate_slots(rid, end):
+            return None
+        if request.state is not RequestState.RUNNING:
+            self._admit(request)
+        request.num_computed_tokens = end
+        self.note_computed(request)
+        bs = self.kv.block_size
+        return self.kv.device_table(rid)[start // bs:-(-end // bs)]
 
     def pools(self):
         """The device and CPU block pools, read-only, for stats."""
@@ -353,6 +374,7 @@ class Scheduler:
     def schedule(self, drafts: dict[str, list[int]] | None = None) -> SchedulerOutput:
         """One step's work. `drafts`: tokens to verify after a decoding request's last token, by id."""
         now = self.clock()
+        self.kv.begin_step()
         ranked = self.rank(now)
         plan = self.plan(ranked)
         out = SchedulerOutput()
@@ -370,6 +392,9 @@ class Scheduler:
                 if request.stats.first_scheduled_time is None:
                     request.stats.first_scheduled_time = now
                 out.newly_scheduled.append(request)
+        for chunk in out.chunks:     # blend mode: the chunk store, once every chosen request holds its blocks
+            if chunk.request.stats.kv_reuse == "blend":
+                self._plan_reuse(chunk, out)
         finished = RequestState.FINISHED
         for request in plan.not_chosen:
             # passed over if runnable (`Request.is_runnable`, inlined: this visits every request)
@@ -412,6 +437,22 @@ class Scheduler:
             self._admit(child)
         return copies
 
+    def _plan_reuse(self, chunk: ScheduledChunk, out: SchedulerOutput) -> None:
+        request = chunk.request
+        plan = self.kv.plan_reuse(request.request_id, request.prompt_token_ids, request.context_spans, chunk.start,
+                                  chunk.num_tokens, request.blend_recompute)
+        if plan.moves:
+            out.block_moves.append((BlockMove.OUT, plan.moves))
+        chunk.reuse = plan.reuse
+        request.stats.note_reuse(plan)
+
+    def _reclaim(self, out: SchedulerOutput, num_blocks: int) -> bool:
+        """Evict cached chunks (chunk_store.py) until `num_blocks` device blocks are free; False if none."""
+        moves = self.kv.reclaim_chunks(num_blocks)
+        if moves:
+            out.block_moves.append((BlockMove.OUT, moves))
+        return moves is not None
+
     def rollback(self, request: Request, valid: int) -> BlockPairs:
         """After verification: keep KV of the first `valid` tokens, free blocks past them."""
         return self.truncate(request, valid)
@@ -421,7 +462,8 @@ class Scheduler:
         rid = request.request_id
         if request.state is RequestState.SWAPPED:
             while (pairs := self.kv.swap_in(rid)) is None:
-                if not self._preempt_next(victims, out, now, protect=request):
+                if not (self._reclaim(out, self.kv.num_cpu_blocks(rid))
+                        or self._preempt_next(victims, out, now, protect=request)):
                     return None
             out.block_moves.append((BlockMove.IN, pairs))
             out.swapped_in.append(request)
@@ -436,7 +478,8 @@ class Scheduler:
                 n = min(n, request.num_pending_tokens)
         start = request.num_computed_tokens
         while not self.kv.allocate_slots(rid, start + n):
-            if self._preempt_next(victims, out, now, protect=request):
+            if (self._reclaim(out, self.kv.blocks_needed(rid, start + n))
+                    or self._preempt_next(victims, out, now, protect=request)):
                 continue
             fit = (self.kv.num_device_blocks(rid) + self.kv.device.num_free) * self.kv.block_size - start
             if fit <= 0 or request.is_decoding:

@@ -15,23 +15,45 @@ the deepest prompt still prefilling (a chunk nearer a prompt's start costs less,
 for whichever prefills the scheduler picks) beside every decode that is runnable.
 
 Online refit: after each step that prefilled, the measured step time over the prediction for what
-ran feeds an exponential moving average (`OnlineScale`, as the cost model's) that multiplies every
-prediction, so a profile taken on an idle machine (or no profile: the built-in estimate) adapts to the
-machine as it is: steps slower than predicted shrink the budget, faster ones grow it. The engine
+ran moves a scale that multiplies every prediction (`StepScale`: an exponential moving average in log
+space, each step's ratio clipped to [1/4, 4], so one step stalled by other work moves it by at most
+`4 ** REFIT_ALPHA`, yet any error, a built-in estimate 40 times too fast included, is worked off in a
+few steps). So a profile taken on an idle machine (or no profile) adapts to the machine as it is:
+steps slower than predicted shrink the budget, faster ones grow it. The engine
 writes the budget, the prediction and the measured time to the step log (step_log.py) and to
 `Engine.last_step`.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from inference_svc.engine.cost_model import CostModel, OnlineScale, PiecewiseLinear
+from inference_svc.engine.cost_model import CostModel, PiecewiseLinear
 from inference_svc.engine.request import Request
 
 MIN_STEP_TOKENS = 16            # the least a step may hold (one KV block at the default block size)
-REFIT_ALPHA = 0.2               # weight of each measured step in the online scale
+REFIT_ALPHA = 0.3               # weight of each measured step in the online scale
+REFIT_MAX_RATIO = 4.0           # one step's measured/predicted counts at most this much either way
+
+
+@dataclass
+class StepScale:
+    """Measured over predicted step time, as an exponential moving average of its logarithm."""
+
+    alpha: float = REFIT_ALPHA
+    value: float = 1.0
+    samples: int = 0
+    max_ratio: float = REFIT_MAX_RATIO
+
+    def observe(self, predicted_ms: float, measured_ms: float) -> None:
+        """`predicted_ms`: what the model, scaled by `value`, predicted for a step that took `measured_ms`."""
+        if predicted_ms <= 0 or measured_ms <= 0:
+            return
+        ratio = min(max(measured_ms / predicted_ms, 1 / self.max_ratio), self.max_ratio)
+        self.value *= math.exp(self.alpha * math.log(ratio))
+        self.samples += 1
 
 
 @dataclass
@@ -42,7 +64,7 @@ class StepBudget:
     target_ms: float
     cap: int                        # the configured token budget: never exceeded
     min_tokens: int = MIN_STEP_TOKENS
-    scale: OnlineScale = field(default_factory=lambda: OnlineScale(alpha=REFIT_ALPHA))
+    scale: StepScale = field(default_factory=StepScale)
 
     def __post_init__(self) -> None:
         if self.target_ms <= 0:
@@ -107,5 +129,5 @@ class StepBudget:
         """Refit from a step that ran these (start, tokens) chunks in `measured_ms`; returns what the
         model had predicted for them."""
         predicted = self.predict_ms(chunks)
-        self.scale.observe(predicted / self.scale.value, measured_ms)
+        self.scale.observe(predicted, measured_ms)
         return predicted

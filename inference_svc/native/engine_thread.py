@@ -74,9 +74,16 @@ class EngineThread:
         self._commands.put((lambda: fn(self.engine), future))
         return asyncio.wrap_future(future)
 
+    def post(self, fn: Callable[[Engine], Any]) -> None:
+        """Queue `fn(engine)` and do not wait (no event loop needed): it runs between steps, in
+        submission order with the other commands; nobody sees its result."""
+        self._commands.put((lambda: fn(self.engine), Future()))
+
     def abort_soon(self, request_id: str) -> None:
-        """Fire-and-forget abort (from cancellation paths that cannot await)."""
-        self._commands.put((lambda: self.engine.abort(request_id), Future()))
+        """Fire-and-forget abort (from cancellation paths that cannot await). It is applied as soon as
+        the step in flight ends: the request finishes and its blocks are free before the next step
+        (with steps bounded in time, `EngineConfig.step_time_target_ms`, that is one short step)."""
+        self.post(lambda engine: engine.abort(request_id))
 
     # --- the engine thread ----------------------------------------------------------
     def _run(self) -> None:

@@ -15,6 +15,7 @@ from inference_svc.options import DEFAULT_MAX_STREAMS
 from inference_svc.rpc.errors import status_for
 from inference_svc.rpc.metrics import InferenceMetrics
 from inference_svc.rpc.servicer import StreamServicerBase
+from inference_svc.rpc.stats import counters_to_proto
 from protos import inference_pb2
 
 
@@ -79,7 +80,6 @@ class NativeServicer(StreamServicerBase):
 
     def _snapshot(self, engine: Engine, num_sessions: int) -> inference_pb2.EngineStats:
         states = [r.state.value for r in engine.requests.values()]
-        c = engine.counters
         return inference_pb2.EngineStats(
             pools=[inference_pb2.BlockPoolStats(name=pool.name, total_blocks=pool.num_blocks,
                                                 free_blocks=pool.num_free, block_size=engine.scheduler.block_size,
@@ -88,11 +88,5 @@ class NativeServicer(StreamServicerBase):
             num_running=states.count("running"), num_waiting=states.count("waiting"),
             num_swapped=states.count("swapped"), policy=engine.policy.name,
             token_budget=engine.scheduler.token_budget, model=self.model_info.model, num_sessions=num_sessions,
-            counters=inference_pb2.EngineCounters(
-                requests_received=c.requests_received, requests_finished=c.requests_finished,
-                requests_aborted=c.requests_aborted, prompt_tokens_computed=c.prompt_tokens_computed,
-                generated_tokens=c.generated_tokens, tokens_invalidated=c.tokens_invalidated,
-                preemptions_swap=c.preemptions_swap, preemptions_recompute=c.preemptions_recompute,
-                prefix_cache_hit_tokens=c.prefix_cache_hit_tokens, steps=c.steps,
-                draft_tokens=c.draft_tokens, accepted_draft_tokens=c.accepted_draft_tokens),
+            counters=counters_to_proto(engine.counters),   # the one mapping, shared with vLLM (rpc.stats)
         )

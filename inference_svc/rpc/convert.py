@@ -76,6 +76,8 @@ def sampling_from_proto(params: common_pb2.SamplingParams, has_field: bool) -> S
         ignore_eos=params.ignore_eos,
         stop=tuple(params.stop),
         speculation=params.speculation or DEFAULT_SPECULATION,
+        kv_reuse=params.kv_reuse,
+        blend_recompute=params.blend_recompute if params.HasField("blend_recompute") else None,
     )
     try:
         return sampling.validate()
@@ -98,6 +100,10 @@ LIFECYCLE_KINDS = {
     EventKind.FIRST_TOKEN: common_pb2.LIFECYCLE_EVENT_KIND_FIRST_TOKEN,
     EventKind.FINISHED: common_pb2.LIFECYCLE_EVENT_KIND_FINISHED,
     EventKind.ERROR: common_pb2.LIFECYCLE_EVENT_KIND_ERROR,
+    EventKind.KV_TRANSFER_START: common_pb2.LIFECYCLE_EVENT_KIND_KV_TRANSFER_START,
+    EventKind.KV_TRANSFER_CHUNK: common_pb2.LIFECYCLE_EVENT_KIND_KV_TRANSFER_CHUNK,
+    EventKind.KV_HANDOFF: common_pb2.LIFECYCLE_EVENT_KIND_KV_HANDOFF,
+    EventKind.KV_TRANSFER_FALLBACK: common_pb2.LIFECYCLE_EVENT_KIND_KV_TRANSFER_FALLBACK,
 }
 FINISH_REASONS = {
     FinishReason.STOP: common_pb2.FINISH_REASON_STOP,
@@ -138,6 +144,11 @@ def done_to_proto(summary: RequestSummary, text: str) -> inference_pb2.Inference
         num_updates=s.num_updates,
         draft_tokens=s.draft_tokens,
         accepted_draft_tokens=s.accepted_draft_tokens,
+        kv_reuse=s.kv_reuse,
+        blend_reused_tokens=s.blend_reused_tokens,
+        blend_recomputed_tokens=s.blend_recomputed_tokens,
+        chunk_cache_hits=s.chunk_cache_hits,
+        chunk_cache_lookups=s.chunk_cache_lookups,
     )
     return inference_pb2.InferenceEvent(done=inference_pb2.InferenceDone(
         finish_reason=FINISH_REASONS[summary.finish_reason], stats=stats, text=text,

@@ -34,6 +34,22 @@ class SessionLimit(SessionError):
     """Too many sessions, or no room for one (RESOURCE_EXHAUSTED)."""
 
 
+class KvTransferError(EngineInputError):
+    """Bad input to a KV transfer (INVALID_ARGUMENT); `inference_svc.disagg` raises these."""
+
+
+class KvTransferUnknownRequest(KvTransferError):
+    """Blocks, a truncate or a finish for a request this replica is not receiving (NOT_FOUND)."""
+
+
+class KvTransferTooLarge(KvTransferError):
+    """More blocks than the receiving pool holds (RESOURCE_EXHAUSTED)."""
+
+
+class KvLayoutMismatch(KvTransferError):
+    """The sender's KV layout differs from this replica's (FAILED_PRECONDITION)."""
+
+
 @dataclass(frozen=True)
 class ErrorStatus:
     """The status a call ends with (also put on a request's event queue to end its call)."""
@@ -44,9 +60,10 @@ class ErrorStatus:
 
 # Most specific first: the session errors and PromptTooLongError are EngineInputErrors too.
 STATUS_OF_ERROR: tuple[tuple[type[Exception] | tuple[type[Exception], ...], grpc.StatusCode], ...] = (
-    (SessionNotFound, grpc.StatusCode.NOT_FOUND),
+    ((SessionNotFound, KvTransferUnknownRequest), grpc.StatusCode.NOT_FOUND),
     ((SessionExists, DuplicateRequestError), grpc.StatusCode.ALREADY_EXISTS),
-    ((SessionLimit, PromptTooLongError), grpc.StatusCode.RESOURCE_EXHAUSTED),
+    ((SessionLimit, PromptTooLongError, KvTransferTooLarge), grpc.StatusCode.RESOURCE_EXHAUSTED),
+    (KvLayoutMismatch, grpc.StatusCode.FAILED_PRECONDITION),
     ((BadRequest, EngineInputError, UndecodableRequest), grpc.StatusCode.INVALID_ARGUMENT),
 )
 

@@ -42,6 +42,9 @@ CPU_BLOCK_MULTIPLE = 32
 # (ANNS trace, 3 seeds: docs/vllm.md, `--block-size`). On CUDA vLLM's default
 # (16) is already small and stays.
 DEFAULT_CPU_BLOCK_SIZE = CPU_BLOCK_MULTIPLE
+# Blocks of the pool vLLM never gives a request: its BlockPool keeps block 0 as the null block. The pool
+# must hold one whole max_model_len besides it (rpc.limits, checked at start-up by inference_svc.server).
+VLLM_RESERVED_BLOCKS = 1
 # vLLM's n-gram speculation has one fixed depth for the whole engine: "auto" runs at this one.
 AUTO_NGRAM_DEPTH = 4
 DEFAULT_CPU_KV_GIB = 1          # ~46k tokens of SmolLM2-135M KV in bf16; leaves the 24 GiB machine alone
@@ -85,9 +88,7 @@ class VllmSpec:
     @property
     def engine_block_size(self) -> int | None:
         """The block size passed to vLLM (None: vLLM's platform default)."""
-        if self.block_size is None and self.on_cpu:
-            return DEFAULT_CPU_BLOCK_SIZE
-        return self.block_size
+        return self.block_size or default_block_size(self.on_cpu)
 
 
 class UnsupportedConfiguration(ValueError):
@@ -104,6 +105,11 @@ def check_supported(policy: str, eviction: str) -> None:
             f"--eviction {eviction!r} cannot be honoured on --backend vllm: vLLM preempts by recompute only; "
             "its KV offloading connector does not run on the CPU platform and is not wired to our cost model "
             "(docs/vllm.md). Use --eviction recompute.")
+
+
+def default_block_size(on_cpu: bool) -> int | None:
+    """The block size this backend asks for when --block-size is not given (None: vLLM's own)."""
+    return DEFAULT_CPU_BLOCK_SIZE if on_cpu else None
 
 
 def check_block_size(block_size: int | None, on_cpu: bool) -> None:

@@ -1,41 +1,20 @@
 """A streamed prompt's tokens on the vLLM backend: head + context + suffix, tokenized per segment.
 
 The same `SegmentTokenizer` and the same input errors as the native engine (`EngineInputError`,
-`PromptTooLongError`), so the servicer answers bad input with the same gRPC statuses.
+`PromptTooLongError`), checked by the shared `rpc.limits.PromptLimits`, so the servicer answers bad
+input with the same gRPC statuses and messages.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-from inference_svc.engine.engine import EngineInputError, PromptTooLongError, lcp_length
+from inference_svc.engine.engine import EngineInputError, lcp_length
 from inference_svc.engine.request import Segment
 from inference_svc.engine.tokenization import SegmentTokenizer
+from inference_svc.rpc.limits import PromptLimits
 
-
-class PromptLimits:
-    """What a prompt must satisfy on this engine: token ids in the vocabulary, and room for one
-    generated token within the longest sequence the engine holds."""
-
-    def __init__(self, vocab_size: int, max_model_len: int, kv_tokens: int) -> None:
-        self.vocab_size = vocab_size
-        self.max_model_len = max_model_len
-        self.kv_tokens = kv_tokens
-
-    @property
-    def max_sequence_tokens(self) -> int:
-        return min(self.max_model_len, self.kv_tokens)
-
-    def check_ids(self, segments: Sequence[Segment]) -> None:
-        for segment in segments:
-            if segment.token_ids is not None and any(not 0 <= t < self.vocab_size for t in segment.token_ids):
-                raise EngineInputError(f"token ids must be in [0, {self.vocab_size})")
-
-    def check_fits(self, num_tokens: int) -> None:
-        limit = self.max_sequence_tokens - 1
-        if num_tokens > limit:
-            raise PromptTooLongError(f"prompt too long: {num_tokens} tokens; the limit is {limit} (model context "
-                                     f"{self.max_model_len}, KV cache {self.kv_tokens} tokens)")
+__all__ = ["PromptLimits", "StreamedPrompt"]
 
 
 class StreamedPrompt:

@@ -16,7 +16,7 @@ from inference_svc.options import DEFAULT_MAX_STREAMS
 from inference_svc.rpc.chat_format import chat_format
 from inference_svc.rpc.metrics import InferenceMetrics
 from inference_svc.rpc.servicer import SERVICE_NAME
-from inference_svc.vllm_backend.config import VllmSpec
+from inference_svc.vllm_backend.config import VLLM_RESERVED_BLOCKS, VllmSpec
 from inference_svc.vllm_backend.engine import start_engine
 from inference_svc.vllm_backend.pressure import IdleSessionEvictor
 from inference_svc.vllm_backend.prompt import PromptLimits, StreamedPrompt
@@ -61,7 +61,8 @@ class VllmInferenceService:
         cache = self.llm.vllm_config.cache_config
         model_config = self.llm.model_config
         total_blocks, block_size = int(cache.num_gpu_blocks or 0), int(cache.block_size)
-        limits = PromptLimits(model_config.get_vocab_size(), model_config.max_model_len, total_blocks * block_size)
+        limits = PromptLimits(model_config.get_vocab_size(), model_config.max_model_len,
+                              (total_blocks - VLLM_RESERVED_BLOCKS) * block_size)   # what requests can hold
         self.metrics = InferenceMetrics()
         info = inference_pb2.ModelInfo(
             model=spec.model_dir.name, context_length=model_config.max_model_len, block_size=block_size,

@@ -35,13 +35,17 @@ class VllmServicer(StreamServicerBase):
         # `priority` (the caller's hint) is not used: our policies rank by their own rules on both backends
         request = VllmRequest(self.llm, request_id, self.new_prompt(), sampling, events,
                               self.decode, arrived, self.stats.request_ended)
+        try:
+            if complete:
+                request.open((), arrived)
+                request.finish(segments, arrived)
+            else:
+                request.open(segments, arrived)
+        except Exception:
+            request.close()    # refused at open: no request, as on the native engine (rpc.stats)
+            raise
         self._requests[request_id] = request
         self.stats.request_received()
-        if complete:
-            request.open((), arrived)
-            request.finish(segments, arrived)
-        else:
-            request.open(segments, arrived)
         return events
 
     def _send(self, request_id: str, kind: str, segments: list[Segment], arrived: float,
@@ -58,7 +62,7 @@ class VllmServicer(StreamServicerBase):
         request = self._requests.pop(request_id, None)
         if request is not None:
             if not request.finished:
-                self.stats.request_aborted()
+                self.stats.request_aborted(request.stats)
             request.close()
 
     def open_requests(self) -> list[VllmRequest]:

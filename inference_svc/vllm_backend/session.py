@@ -2,10 +2,12 @@
 
 A request runs as a sequence of vLLM submissions ("incarnations"):
 - While the context grows, the incarnation is a streaming-input session
-  (`AsyncLLM.generate` over an async generator of `StreamingInput`): every chunk is one turn
-  that prefills the chunk and samples one token that vLLM discards before the next turn; the
-  `finish` suffix is the final turn, sampled with the caller's parameters, and only its
-  tokens are the answer.
+  (`AsyncLLM.generate` over an async generator of `StreamingInput`): a turn prefills new
+  context and samples one token that vLLM discards before the next turn; the `finish` suffix
+  is the final turn, sampled with the caller's parameters, and only its tokens are the answer.
+  vLLM runs a session's turns one after another, each at least one engine step, so chunks
+  that arrive while a turn runs are held and sent together as one turn when it ends (500
+  one-token appends: a few turns, not 500 steps); `finish` takes whatever is held with it.
 - An `update` that changes tokens already submitted aborts the incarnation and submits the
   new prompt as a new session; vLLM's prefix cache serves the common prefix (whole blocks).
   Unless it is the final refinement, only its stable prefix is submitted (the head and the leading
@@ -97,6 +99,7 @@ class VllmRequest:
         self._turns_sent = 0
         self._turns_done = 0                       # turns of the current incarnation vLLM has finished
         self._turn_ends: list[int] = []            # `_submitted` after each turn sent
+        self._held_until = 0                       # prompt end asked for while a turn ran: the next turn ends there
         self._final_turn: int | None = None
         self.opened_wall = self.last_chunk_wall = time.time()   # the clock of the scheduler's marks
         self._scheduled = False
@@ -132,7 +135,7 @@ class VllmRequest:
         max_tokens = min(self.sampling.max_tokens,
                          self.prompt.limits.max_sequence_tokens - len(self.prompt.tokens))
         final = vllm_params(self.sampling, max_tokens)
-        rest = self.prompt.tokens[self._submitted:]   # the suffix, and any context held back by an update
+        rest = self.prompt.tokens[self._submitted:]   # the suffix, and context held back (an update, a running turn)
         if self._inputs is not None and rest and not seeded(self.sampling):
             self._final_turn = self._turns_sent
             self._inputs.put_nowait(StreamingInput(TokensPrompt(prompt_token_ids=rest), final))
@@ -189,18 +192,25 @@ class VllmRequest:
         self._launch(self._session(self._inputs), len(first))
 
     def _submit_up_to(self, end: int) -> None:
-        """Send the prompt's tokens up to `end` that vLLM does not have yet: a new turn of the
-        running session, or a new session."""
-        if end <= self._submitted:
-            return
+        """Send the prompt's tokens up to `end` that vLLM does not have yet: a new session, or the
+        next turn of the running one; while a turn runs they are held for the next (`_send_held`)."""
         if self._inputs is None:
-            self._start_session(self.prompt.tokens[:end])
+            if end > self._submitted:
+                self._start_session(self.prompt.tokens[:end])
             return
-        tokens = self.prompt.tokens[self._submitted:end]
+        self._held_until = end            # the latest input says how far ahead to go (an update may say less)
+        if self._turns_done == self._turns_sent:
+            self._send_held()
+
+    def _send_held(self) -> None:
+        """The held tokens as one turn (called when no turn is in flight)."""
+        if self._inputs is None or self._final_turn is not None or self._held_until <= self._submitted:
+            return
+        tokens = self.prompt.tokens[self._submitted:self._held_until]
         self._inputs.put_nowait(StreamingInput(TokensPrompt(prompt_token_ids=tokens), intermediate_params()))
         self._turns_sent += 1
-        self._submitted = end
-        self._turn_ends.append(end)
+        self._submitted = self._held_until
+        self._turn_ends.append(self._submitted)
 
     def _launch(self, outputs: AsyncIterator, submitted: int) -> None:
         self._incarnation += 1
@@ -216,6 +226,7 @@ class VllmRequest:
         self._task = None
         self._inputs = None
         self._submitted = 0
+        self._held_until = 0
 
     def _vllm_id(self) -> str:
         return f"{self.request_id}#{self._incarnation + 1}"
@@ -252,6 +263,7 @@ class VllmRequest:
                         turn += 1
                         if incarnation == self._incarnation:
                             self._turns_done = turn
+                            self._send_held()     # what arrived during the turn, as the next one
         except asyncio.CancelledError:
             raise
         except Exception as exc:   # vLLM rejected the input or failed: end the call with its message

@@ -63,6 +63,8 @@ class FaultRecord:
     resumed: float | None = None       # monotonic: SIGCONT (a stop)
     healthy: float | None = None       # monotonic: back and answering its health check
     error: str = ""                    # why it could not be inflicted or did not come back
+    probe_ok: float | None = None      # monotonic: start of the first probe ask answered with the service's part
+    probe_answered: float | None = None   # monotonic: that ask's answer
 
     @property
     def window(self) -> tuple[float, float | None]:
@@ -79,6 +81,7 @@ class FaultInjector:
     recover_timeout_s: float = 300.0
     poll_s: float = 0.25
     say: object = print
+    on_signal: object = None           # called with the FaultRecord right after each signal
     records: list[FaultRecord] = field(default_factory=list)
 
     def __post_init__(self) -> None:
@@ -90,8 +93,12 @@ class FaultInjector:
         self.t0 = t0
         self.thread.start()
 
-    def finish(self) -> None:
-        """Stop scheduling; wait for the fault in progress to end (its service thawed and back)."""
+    def join(self) -> None:
+        """Wait for the whole schedule: a fault runs late when the one before took long to recover."""
+        self.thread.join()
+
+    def abort(self) -> None:
+        """No more faults; wait for the one in progress to end (its service thawed and back)."""
         self.quit.set()
         self.thread.join()
 
@@ -118,10 +125,11 @@ class FaultInjector:
             self.say(record.error)
             return
         self.say(f"{plan.action} {plan.target} ({record.hit}) at {record.started - self.t0:.1f} s")
+        if self.on_signal is not None:
+            self.on_signal(record)
         if plan.action == "stop":
             self.frozen = plan.target
-            self.quit.wait(self.stop_s)          # the freeze lasts its time even when the soak ends
-            time.sleep(max(0.0, record.started + self.stop_s - time.monotonic()))
+            time.sleep(self.stop_s)
             stack.signal(plan.target, "cont")
             self.frozen = None
             record.resumed = time.monotonic()

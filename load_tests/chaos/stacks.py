@@ -21,6 +21,7 @@ import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import ClassVar
 
 from servicekit.health import check_health
 
@@ -126,14 +127,16 @@ class ComposeStack:
     crash is restarted. A freeze is `docker kill -s STOP` (and `-s CONT`), which leaves it running."""
 
     REPLICAS = ("inference-0", "inference-1")
-    KINDS = {"redis": "redis", "corpus": "corpus", "anns": "retriever", "crawler": "retriever",
-             "inference-0": "inference", "inference-1": "inference", "orchestrator": "orchestrator"}
+    KINDS: ClassVar[dict[str, str]] = {
+        "redis": "redis", "corpus": "corpus", "anns": "retriever", "crawler": "retriever",
+        "inference-0": "inference", "inference-1": "inference", "orchestrator": "orchestrator"}
     REPLICA_PORT = 50052
 
     def __init__(self, compose: list[str], project: str, compose_file: Path, orchestrator: str,
                  cwd: Path, env: dict[str, str] | None = None, key: str | None = None) -> None:
         self.base = [*compose, "-p", project, "-f", str(compose_file)]
-        self.cwd, self.env, self.orchestrator, self.key, self.dtype = cwd, env, orchestrator, key, "float32"
+        self.cwd, self.env, self.orchestrator, self.key = cwd, env, orchestrator, key
+        self.dtype = "auto"            # the images serve the default dtype (bf16 where the CPU has it)
         self.services = {name: ServiceInfo(name, kind, name) for name, kind in self.KINDS.items()}
 
     def _container(self, name: str) -> str:

@@ -65,6 +65,11 @@ class AskOutcome:
                                 or self.end - self.start >= self.deadline_s - HANG_MARGIN_S)
 
 
+def needs(spec: AskSpec) -> tuple[str, ...]:
+    """The retrievers an ask asked for."""
+    return ("anns", "crawler") if spec.retriever == "both" else (spec.retriever,)
+
+
 def orchestrator_channel(address: str, key: str | None):
     from servicekit.auth import keyed_channel
     from servicekit.channels import RECONNECT_OPTIONS
@@ -72,8 +77,10 @@ def orchestrator_channel(address: str, key: str | None):
     return keyed_channel(address, options=RECONNECT_OPTIONS, key=key)
 
 
-def ask_once(stub, spec: AskSpec, user: int, deadline_s: float, max_tokens: int) -> AskOutcome:
-    """One Ask, recorded (never raises for a failed call)."""
+def ask_once(stub, spec: AskSpec, user: int, deadline_s: float, max_tokens: int,
+             wait_for_ready: bool = True) -> AskOutcome:
+    """One Ask, recorded (never raises for a failed call). With `wait_for_ready` the call waits, within its
+    deadline, for an orchestrator that is not reachable yet instead of failing at once (gRPC's own means)."""
     import grpc
 
     from protos import common_pb2, orchestrator_pb2
@@ -86,7 +93,7 @@ def ask_once(stub, spec: AskSpec, user: int, deadline_s: float, max_tokens: int)
     kinds: collections.Counter = collections.Counter()
     sources: set[str] = set()
     try:
-        for response in stub.Ask(request, timeout=deadline_s):
+        for response in stub.Ask(request, timeout=deadline_s, wait_for_ready=wait_for_ready):
             event = response.event
             kind = event.WhichOneof("kind")
             if kind == "started":
@@ -95,7 +102,8 @@ def ask_once(stub, spec: AskSpec, user: int, deadline_s: float, max_tokens: int)
                 out.chunks += 1
                 sources.add(event.retrieval.source)
             elif kind == "lifecycle":
-                kinds[common_pb2.LifecycleEventKind.Name(event.lifecycle.kind).removeprefix("LIFECYCLE_EVENT_KIND_")] += 1
+                name = common_pb2.LifecycleEventKind.Name(event.lifecycle.kind)
+                kinds[name.removeprefix("LIFECYCLE_EVENT_KIND_")] += 1
             elif kind == "done":
                 out.ok, out.answer, out.replica = True, event.done.answer, event.done.replica
                 out.sources = tuple(d.id for d in event.done.sources)
@@ -120,6 +128,7 @@ class Users:
     max_tokens: int
     think_s: tuple[float, float] = (1.0, 3.0)
     seed: int = 0
+    wait_for_ready: bool = True
     outcomes: list[AskOutcome] = field(default_factory=list)
 
     def __post_init__(self) -> None:
@@ -138,6 +147,11 @@ class Users:
         for thread in self.threads:
             thread.join()
 
+    def answered_since(self, t: float) -> bool:
+        """Whether an ask started at or after monotonic `t` was answered."""
+        with self.lock:
+            return any(o.ok and o.start >= t for o in self.outcomes)
+
     def _user(self, user: int) -> None:
         from protos import orchestrator_pb2_grpc
 
@@ -147,11 +161,56 @@ class Users:
         with orchestrator_channel(self.address, self.key) as channel:
             stub = orchestrator_pb2_grpc.OrchestratorStub(channel)
             while not self.quit.is_set():
-                outcome = ask_once(stub, self.specs[i % len(self.specs)], user, self.deadline_s, self.max_tokens)
+                outcome = ask_once(stub, self.specs[i % len(self.specs)], user, self.deadline_s, self.max_tokens,
+                                   self.wait_for_ready)
                 with self.lock:
                     self.outcomes.append(outcome)
                 i += 1
                 self.quit.wait(rng.uniform(*self.think_s))
+
+
+@dataclass
+class RecoveryProbe:
+    """After each fault, one prober asks a question that needs the faulted service (its retriever, or any
+    ask) again and again, one ask at a time, until one is answered with that service's part: the start of
+    that ask is when asks succeed again, untouched by how busy the users happen to be."""
+
+    address: str
+    key: str | None
+    question: str
+    deadline_s: float
+    wait_for_ready: bool = True
+    outcomes: list[AskOutcome] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.quit = threading.Event()
+        self.threads: list[threading.Thread] = []
+
+    def probe(self, record) -> None:
+        """Start probing for a fault record (faults.FaultRecord); sets its `probe_ok` and `probe_answered`."""
+        thread = threading.Thread(target=self._probe, args=(record,), name="chaos-probe", daemon=True)
+        self.threads.append(thread)
+        thread.start()
+
+    def finish(self) -> None:
+        self.quit.set()
+        for thread in self.threads:
+            thread.join()
+
+    def _probe(self, record) -> None:
+        from protos import orchestrator_pb2_grpc
+
+        target = record.plan.target
+        spec = AskSpec(self.question, target if target in RETRIEVERS else "anns", True)
+        with orchestrator_channel(self.address, self.key) as channel:
+            stub = orchestrator_pb2_grpc.OrchestratorStub(channel)
+            while not self.quit.is_set():
+                outcome = ask_once(stub, spec, -2, self.deadline_s, 1, self.wait_for_ready)
+                self.outcomes.append(outcome)
+                if outcome.ok and set(needs(spec)) <= set(outcome.retrieved_from):
+                    record.probe_ok, record.probe_answered = outcome.start, outcome.end
+                    return
+                self.quit.wait(0.5)
 
 
 def run_all(address: str, key: str | None, specs: list[AskSpec], concurrency: int, deadline_s: float,
@@ -230,11 +289,11 @@ class IngestingSession:
                     lines = [common_pb2.Segment(text=f"line {batch}.{j}: service check {batch * 4 + j} ok")
                              for j in range(4)]
                     request = sessions_pb2.IngestRequest(session_id=self.session_id, segments=lines)
-                    self._call("ingest", lambda: stub.Ingest(iter([request]), timeout=self.deadline_s))
+                    self._call("ingest", lambda r=request: stub.Ingest(iter([r]), timeout=self.deadline_s))
                     if batch % 5 == 0:
                         query = sessions_pb2.QueryRequest(session_id=self.session_id, question="Which check was last?",
                                                           sampling=common_pb2.SamplingParams(max_tokens=4))
-                        self._call("query", lambda: list(stub.Query(query, timeout=self.deadline_s)))
+                        self._call("query", lambda q=query: list(stub.Query(q, timeout=self.deadline_s)))
                     if self.calls[-1].code == "NOT_FOUND":
                         created = False
                 self.quit.wait(self.every_s)

@@ -13,6 +13,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 import numpy as np
 
@@ -25,6 +26,29 @@ from retriever_svc.stages import Stage
 STORE_FILE = "collection.sqlite"
 # passages -> their normalized vectors, row by row
 EmbedPassages = Callable[[list[Passage]], np.ndarray]
+
+
+class SearchIndex(Protocol):
+    """What a collection searches and writes through: `live.LiveIndex` (diskannpy, the default) or
+    `retriever_svc.milvus.live.MilvusLiveIndex`. The store stays the truth either way."""
+
+    merging: bool
+
+    @property
+    def size(self) -> int: ...
+    def counts(self) -> dict[str, int]: ...     # disk_passages, memory_passages, deleted_passages
+    def stages(self, vector: np.ndarray, k: int, schedule: Sequence[int], beam_width: int) -> Iterator[Stage]: ...
+    def exact(self, vector: np.ndarray, k: int) -> list[int]: ...
+    def writing(self): ...                      # a lock held around a store commit and its apply/remove
+    def apply(self, change, vectors: np.ndarray) -> None: ...
+    def remove(self, pids: Sequence[int]) -> None: ...
+    def needs_merge(self) -> bool: ...
+    def merge(self, threads: int = 1, wait: bool = True) -> bool: ...
+    def drop(self) -> None: ...                 # the collection is being dropped: release what lives elsewhere
+
+
+# (collection folder, its store) -> its index
+IndexFactory = Callable[[Path, CollectionStore], SearchIndex]
 
 
 class Added:
@@ -53,15 +77,15 @@ class Collection:
 
     read_only = False
 
-    def __init__(self, name: str, directory: Path) -> None:
+    def __init__(self, name: str, directory: Path, index_factory: IndexFactory | None = None) -> None:
         self.name = name
         self.directory = Path(directory)
         self.store = CollectionStore(self.directory / STORE_FILE)
-        self.index = LiveIndex(self.directory, self.store)
+        self.index: SearchIndex = (index_factory or LiveIndex)(self.directory, self.store)
 
     @property
     def size(self) -> int:
-        return self.index.view.size
+        return self.index.size
 
     def stages(self, vector: np.ndarray, k: int, schedule: Sequence[int], beam_width: int) -> Iterator[Stage]:
         return self.index.stages(vector, k, schedule, beam_width)
@@ -102,9 +126,7 @@ class Collection:
 
     def info(self) -> dict:
         files, passages = self.store.counts()
-        view = self.index.view
-        return {"name": self.name, "files": files, "passages": passages, "disk_passages": view.disk_size,
-                "memory_passages": len(view.memory_pids), "deleted_passages": len(view.deleted),
+        return {"name": self.name, "files": files, "passages": passages, **self.index.counts(),
                 "read_only": False, "state": "merging" if self.index.merging else "ready", "progress": ""}
 
     def close(self) -> None:

@@ -102,6 +102,18 @@ class LiveIndex:
         memory_pids, memory_vectors = self.store.vectors(after_pid=int(self.store.meta(WATERMARK_KEY, "0")))
         return View(generation, disk, memory_pids, memory_vectors, deleted)
 
+    @property
+    def size(self) -> int:
+        return self.view.size
+
+    def counts(self) -> dict[str, int]:
+        view = self.view
+        return {"disk_passages": view.disk_size, "memory_passages": len(view.memory_pids),
+                "deleted_passages": len(view.deleted)}
+
+    def drop(self) -> None:
+        """Nothing lives outside the collection's folder."""
+
     # ---- searching ----
     def search(self, vector: np.ndarray, k: int, search_list_size: int, beam_width: int,
                view: View | None = None) -> tuple[list[int], list[float]]:

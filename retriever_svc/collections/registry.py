@@ -15,7 +15,7 @@ import threading
 from collections.abc import Callable
 from pathlib import Path
 
-from retriever_svc.collections.collection import Collection
+from retriever_svc.collections.collection import Collection, IndexFactory
 from retriever_svc.service import (
     CollectionExists,
     CollectionReadOnly,
@@ -90,16 +90,19 @@ class DefaultCollection:
 class CollectionRegistry:
     """Name -> collection; create, drop and list. Thread-safe."""
 
-    def __init__(self, root: Path | None, default: DefaultCollection | None = None) -> None:
+    def __init__(self, root: Path | None, default: DefaultCollection | None = None,
+                 index_factory: IndexFactory | None = None) -> None:
+        """`index_factory`: what each live collection searches through (default: `live.LiveIndex`, diskannpy)."""
         self.root = Path(root) if root is not None else None
         self.default = default or DefaultCollection()
+        self.index_factory = index_factory
         self._live: dict[str, Collection] = {}
         self._lock = threading.Lock()
         if self.root is not None:
             self.root.mkdir(parents=True, exist_ok=True)
             for directory in sorted(self.root.iterdir()):
                 if directory.is_dir() and NAME.fullmatch(directory.name) and not directory.name.startswith("."):
-                    self._live[directory.name] = Collection(directory.name, directory)
+                    self._live[directory.name] = Collection(directory.name, directory, index_factory)
 
     def searchable(self, name: str):
         """What a Retrieve of collection `name` searches ("" = the default)."""
@@ -130,11 +133,12 @@ class CollectionRegistry:
             directory = self.root / name
             shutil.rmtree(directory, ignore_errors=True)      # a drop interrupted by a crash
             directory.mkdir()
-            collection = self._live[name] = Collection(name, directory)
+            collection = self._live[name] = Collection(name, directory, self.index_factory)
         return collection
 
     def drop(self, name: str) -> dict:
         collection = self.live(name)
+        collection.index.drop()         # what lives outside the folder first: if that fails, nothing is gone
         with self._lock:
             self._live.pop(name, None)
         info = collection.info()

@@ -42,6 +42,7 @@ from streamrag.stack.plan import (
     default_index_for,
     plan_stack,
     probe_timeout,
+    replica_roles,
 )
 from streamrag.stack.processes import (
     Launch,
@@ -68,6 +69,11 @@ def add_up_args(parser: argparse.ArgumentParser) -> None:
     d = StackOptions()
     parser.add_argument("--replicas", type=int, default=d.replicas,
                         help=f"inference replicas, 1 to {MAX_REPLICAS} (default {d.replicas})")
+    parser.add_argument("--prefill-replicas", type=int, default=d.prefill_replicas,
+                        help="disaggregated serving: this many prefill replicas (with --decode-replicas; "
+                             "replaces --replicas; docs/disagg.md)")
+    parser.add_argument("--decode-replicas", type=int, default=d.decode_replicas,
+                        help="disaggregated serving: this many decode replicas (with --prefill-replicas)")
     parser.add_argument("--policy", default=d.policy, choices=POLICY_CHOICES,
                         help=f"scheduling policy (default {d.policy})")
     parser.add_argument("--dtype", default=d.dtype, choices=DTYPE_CHOICES, help=f"inference dtype (default {d.dtype})")
@@ -232,6 +238,13 @@ def check_options(options: StackOptions) -> str | None:
 
     if not 1 <= options.replicas <= MAX_REPLICAS:
         return f"--replicas must be between 1 and {MAX_REPLICAS}, got {options.replicas}"
+    if options.prefill_replicas or options.decode_replicas:
+        split = options.prefill_replicas, options.decode_replicas
+        if min(split) < 1 or sum(split) > MAX_REPLICAS:
+            return (f"--prefill-replicas and --decode-replicas must both be 1 or more, {MAX_REPLICAS} in all; "
+                    f"got {split[0]} and {split[1]}")
+        if options.backend != "native":
+            return "--prefill-replicas/--decode-replicas need --backend native (docs/vllm.md)"
     if options.port_offset < 0:
         return f"--port-offset must be 0 or more, got {options.port_offset}"
     try:
@@ -264,7 +277,8 @@ def up(options: StackOptions) -> int:
             check_ports(services)
             (run_dir / "logs").mkdir(exist_ok=True)
             (run_dir / "redis").mkdir(exist_ok=True)
-            recorded = {"replicas": options.replicas, "policy": options.policy, "dtype": options.dtype,
+            recorded = {"replicas": len(replica_roles(options)), "roles": replica_roles(options),
+                        "policy": options.policy, "dtype": options.dtype,
                         "device": options.device, "backend": options.backend, "latency": options.latency,
                         "port_offset": options.port_offset, "free_ports": options.free_ports,
                         "index": str(index_dir), "corpus_root": str(corpus_root), "started_unix": int(time.time()),
@@ -347,7 +361,7 @@ def service_details(service: Service, options: dict, timeout_s: float = 2.0) -> 
                 stats = inference_pb2_grpc.InferenceStub(channel).GetStats(inference_pb2.GetStatsRequest(),
                                                                            timeout=timeout_s).stats
                 pools = ", ".join(f"{p.name} {p.free_blocks}/{p.total_blocks}" for p in stats.pools)
-                return (f"policy {stats.policy}; KV free/total blocks: {pools}; "
+                return (f"role {stats.role or 'both'}; policy {stats.policy}; KV free/total blocks: {pools}; "
                         f"running {stats.num_running}, waiting {stats.num_waiting}, sessions {stats.num_sessions}")
             info = retriever_pb2_grpc.RetrieverStub(channel).Describe(retriever_pb2.RetrieverDescribeRequest(),
                                                                       timeout=timeout_s).retriever_info

@@ -37,6 +37,8 @@ class StackOptions:
     """Everything `up` needs; `streamrag up`'s flags map onto these fields one to one."""
 
     replicas: int = 1
+    prefill_replicas: int = 0          # with decode_replicas: disaggregated replicas instead of `replicas`
+    decode_replicas: int = 0
     policy: str = DEFAULT_POLICY
     dtype: str = DEFAULT_DTYPE
     device: str = DEFAULT_DEVICE
@@ -54,6 +56,14 @@ class StackOptions:
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> StackOptions:
         return cls(**{f.name: getattr(args, f.name) for f in fields(cls) if hasattr(args, f.name)})
+
+
+def replica_roles(options: StackOptions) -> list[str]:
+    """Each inference replica's `--role`: `replicas` colocated ones ("both"), or with
+    --prefill-replicas/--decode-replicas that many of each (disaggregated, docs/disagg.md)."""
+    if options.prefill_replicas or options.decode_replicas:
+        return ["prefill"] * options.prefill_replicas + ["decode"] * options.decode_replicas
+    return ["both"] * options.replicas
 
 
 @dataclass
@@ -156,9 +166,9 @@ def plan_stack(options: StackOptions, index_dir: Path, redis_port: int,
     model = ["--model", str(options.model)] if options.model else []
     inference = [Service(f"inference-{i}", "inference", f"{HOST}:{port('inference', i)}", [
         *serve, "inference", *grpc_flags("inference", i), "--policy", options.policy, "--dtype", options.dtype,
-        "--device", options.device, "--backend", options.backend, *model],
+        "--device", options.device, "--backend", options.backend, *model, "--role", role],
         ports=[port("inference", i), metrics("inference", i)])
-        for i in range(options.replicas)]
+        for i, role in enumerate(replica_roles(options))]
     crawler = Service("crawler", "retriever", f"{HOST}:{port('crawler')}", [
         *serve, "retriever", "--kind", "crawler", "--start-url", corpus_url, *grpc_flags("crawler")],
         needs=["corpus"], ports=[port("crawler"), metrics("crawler")])

@@ -46,11 +46,15 @@ class FakeRunner:
     def execute(self, chunks: list[ChunkInput]) -> torch.Tensor:
         rows = []
         bs = self.block_size
+        self.reused_tokens = 0
         for chunk in chunks:
+            reused = self._load_reused(chunk)
             for offset, token in enumerate(chunk.token_ids):
                 pos = chunk.start_pos + offset
-                self.device_kv[chunk.block_table[pos // bs], pos % bs] = token
+                if pos not in reused:
+                    self.device_kv[chunk.block_table[pos // bs], pos % bs] = token
             self.executed_tokens += len(chunk.token_ids)
+            self.reused_tokens += len(reused)
             if chunk.want_logits:
                 last = chunk.start_pos + len(chunk.token_ids)
                 for end in range(last - chunk.num_logits + 1, last + 1):
@@ -58,7 +62,25 @@ class FakeRunner:
                     logits = torch.zeros(VOCAB)
                     logits[self.predict(context)] = 1.0
                     rows.append(logits)
+        for chunk in chunks:
+            for capture in chunk.reuse.captures if chunk.reuse else ():
+                for i in range(capture.length):
+                    pos = capture.start + i
+                    self.device_kv[capture.blocks[i // bs], i % bs] = self.device_kv[chunk.block_table[pos // bs],
+                                                                                      pos % bs]
         return torch.stack(rows) if rows else torch.empty(0, VOCAB)
+
+    def _load_reused(self, chunk: ChunkInput) -> set[int]:
+        """Blend mode: the reused positions take the chunk store's "KV" (token ids) instead of the chunk's
+        own, so a wrong entry or slot shows in the prediction. Returns those positions."""
+        bs, positions = self.block_size, set()
+        for span in chunk.reuse.spans if chunk.reuse else ():
+            pool = self.cpu_kv if span.on_cpu else self.device_kv
+            for i in range(span.length):
+                src, pos = span.offset + i, span.start + i
+                self.device_kv[chunk.block_table[pos // bs], pos % bs] = pool[span.blocks[src // bs], src % bs]
+                positions.add(pos)
+        return positions
 
     def swap_out(self, pairs: list[tuple[int, int]]) -> None:
         for device_block, cpu_block in pairs:

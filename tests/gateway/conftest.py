@@ -1,9 +1,10 @@
 """One whole stack for the gateway suite (model, index, retrievers, Redis: a few seconds), with:
 
 - `gateway`: a gateway with no keys in front of the stack's orchestrator and replica;
-- `secure`: an orchestrator that wants an API key over mutual TLS (on the same replica,
-  retrievers and Redis), and a gateway that wants the key, serves HTTPS and dials it with mTLS,
-  all with certificates made by scripts/make_certs.sh.
+- `secure`: an orchestrator that wants an API key and serves TLS (on the same plaintext replica,
+  retrievers and Redis), and a gateway that wants the key, serves HTTPS and dials it with TLS,
+  all with certificates made by scripts/make_certs.sh. (Mutual TLS on every hop, each service
+  a process of its own: test_mutual_tls.py.)
 """
 
 from __future__ import annotations
@@ -34,8 +35,7 @@ def gateway_stack(embedded_model_dir, tmp_path_factory):
 
 @pytest.fixture(scope="package")
 def gateway(gateway_stack):
-    running = RunningGateway(GatewaySettings(orchestrator=f"127.0.0.1:{gateway_stack.orchestrator_port}",
-                                             inference=(gateway_stack.inference.address,)))
+    running = RunningGateway(GatewaySettings(orchestrator=f"127.0.0.1:{gateway_stack.orchestrator_port}"))
     yield running
     running.stop()
 
@@ -54,13 +54,11 @@ def served_model(gateway_stack) -> str:
 @dataclass
 class Secure:
     certs: Path
-    orchestrator: str          # host:port, API key + mutual TLS
+    orchestrator: str          # host:port, API key + TLS
     gateway: RunningGateway    # API key + HTTPS, mTLS to the orchestrator
 
-    def grpc_channel(self, *, client_cert: bool = True) -> grpc.Channel:
-        credentials = tls_files(self.certs, "client").channel_credentials() if client_cert else \
-            grpc.ssl_channel_credentials(root_certificates=(self.certs / "ca.crt").read_bytes())
-        return grpc.secure_channel(self.orchestrator, credentials)
+    def grpc_channel(self) -> grpc.Channel:
+        return grpc.secure_channel(self.orchestrator, tls_files(self.certs, "client").channel_credentials())
 
 
 @pytest.fixture(scope="package")
@@ -72,16 +70,13 @@ def secure(gateway_stack, tmp_path_factory):
         service = OrchestratorService(ServiceConfig("orchestrator", port=0, metrics_port=None, grace_s=0),
                                       redis_url=stack.redis.url, inference=[stack.inference.address],
                                       retrievers=stack.retriever_addresses, api_keys=(API_KEY,),
-                                      tls=tls_files(certs, "orchestrator"))
+                                      tls=tls_files(certs, "orchestrator", ca=False))  # it dials plaintext
         return service, await service.start(handle_signals=False)
 
     service, port = stack._run(start())
     running = None
     try:
-        # The gateway dials every service with TLS once it has a CA: here only the orchestrator serves
-        # TLS, so this gateway is for RAG requests (the stack's replica speaks plaintext).
-        running = RunningGateway(GatewaySettings(orchestrator=f"127.0.0.1:{port}",
-                                                 inference=(stack.inference.address,), api_keys=(API_KEY,),
+        running = RunningGateway(GatewaySettings(orchestrator=f"127.0.0.1:{port}", api_keys=(API_KEY,),
                                                  upstream_tls=tls_files(certs, "gateway")),
                                  tls=tls_files(certs, "gateway"))
         yield Secure(certs, f"127.0.0.1:{port}", running)

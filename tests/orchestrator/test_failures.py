@@ -10,10 +10,13 @@ from orchestrator.failures import (
     ASK_INFERENCE,
     RETRIEVAL,
     SESSION_CALL,
+    WAIT_FOR_PEER_S,
     Action,
     ask_fails_over,
     ask_inference_rule,
+    peer_wait_s,
     replica_lost,
+    retrieval_retries_when_ready,
     retrieval_rule,
     retriever_refused_question,
     session_call_rule,
@@ -26,6 +29,7 @@ EVERY_STATUS = list(grpc.StatusCode)
 ASK_FAILS_OVER_ON = {S.UNAVAILABLE, S.INTERNAL, S.UNKNOWN}
 SESSION_REBUILDS_ON = {S.UNAVAILABLE, S.DEADLINE_EXCEEDED}          # and NOT_FOUND "no session ..."
 ASK_FAILS_ON_RETRIEVER = {S.NOT_FOUND, S.INVALID_ARGUMENT, S.FAILED_PRECONDITION}
+RETRIEVAL_RETRIED_ON = {S.UNAVAILABLE}
 
 
 @pytest.mark.parametrize("code", EVERY_STATUS, ids=lambda code: code.name)
@@ -65,8 +69,24 @@ def test_an_ask_and_a_session_differ_on_internal_and_deadline_exceeded():
 @pytest.mark.parametrize("code", EVERY_STATUS, ids=lambda code: code.name)
 def test_a_retriever_refusing_the_question_fails_the_ask_and_any_other_failure_is_skipped(code):
     assert retriever_refused_question(code) is (code in ASK_FAILS_ON_RETRIEVER)
-    expected = Action.FAIL if code in ASK_FAILS_ON_RETRIEVER else Action.SKIP_RETRIEVER
+    expected = (Action.FAIL if code in ASK_FAILS_ON_RETRIEVER else
+                Action.RETRY_WHEN_READY if code in RETRIEVAL_RETRIED_ON else Action.SKIP_RETRIEVER)
     assert retrieval_rule(code).action is expected
+
+
+@pytest.mark.parametrize("code", EVERY_STATUS, ids=lambda code: code.name)
+def test_a_retriever_that_is_down_is_tried_once_more_only_before_its_first_chunk(code):
+    retried = code in RETRIEVAL_RETRIED_ON
+    assert retrieval_retries_when_ready(code, chunks_received=0, retried=False) is retried
+    assert not retrieval_retries_when_ready(code, chunks_received=1, retried=False)   # no chunk sent twice
+    assert not retrieval_retries_when_ready(code, chunks_received=0, retried=True)    # once
+
+
+def test_the_wait_for_a_peer_never_outlasts_the_callers_deadline():
+    assert peer_wait_s(None) == WAIT_FOR_PEER_S
+    assert peer_wait_s(WAIT_FOR_PEER_S * 10) == WAIT_FOR_PEER_S
+    assert peer_wait_s(1.5) == 1.5
+    assert peer_wait_s(-3.0) == 0.0
 
 
 def test_every_rule_says_why():

@@ -32,6 +32,7 @@ def router_with(snapshots: dict[str, inference_pb2.EngineStats], **options) -> R
     router = ReplicaRouter(list(snapshots), **options)
     for address, snapshot in snapshots.items():
         router.record_stats(address, snapshot)
+        router.record_health(address, None)      # what the replica's health Watch says: SERVING
     return router
 
 
@@ -112,21 +113,38 @@ def test_exclude_skips_a_replica():
         router.choose(KEY, exclude={A, B, C})
 
 
-def test_unreachable_replicas_are_skipped_until_they_answer():
+def test_replicas_are_skipped_until_their_health_says_serving():
     router = ReplicaRouter([A, B])
-    with pytest.raises(NoReplicaAvailable, match="not polled yet"):
-        router.choose(KEY)
     router.record_stats(A, stats(active=9))
     router.record_stats(B, stats())
+    with pytest.raises(NoReplicaAvailable, match="no health answer yet"):
+        router.choose(KEY)                                       # stats alone do not make a replica available
+    router.record_health(A, None)
+    router.record_health(B, None)
     router.note_served(A, KEY)
     router.mark_failed(B, "connection refused")
     assert set(router.scores(KEY)) == {A}
     assert router.choose(KEY).address == A
-    router.mark_failed(A)
+    router.record_health(A, "health NOT_SERVING")
     with pytest.raises(NoReplicaAvailable, match="connection refused"):
         router.choose(KEY)
-    router.record_stats(B, stats())                              # it answered GetStats again
+    router.record_stats(B, stats())                              # a GetStats answer is not health
+    with pytest.raises(NoReplicaAvailable):
+        router.choose(KEY)
+    router.record_health(B, None)                                # its Watch says SERVING again
     assert router.choose(KEY).address == B
+
+
+async def test_choose_ready_waits_for_a_replica_to_come_back():
+    router = router_with({A: stats(), B: stats()})
+    router.mark_failed(A, "killed")
+    router.mark_failed(B, "killed")
+    with pytest.raises(NoReplicaAvailable, match="killed"):
+        await router.choose_ready(KEY, wait_s=0.05)              # none comes back within the wait
+    asyncio.get_running_loop().call_later(0.1, router.record_health, B, None)
+    assert (await router.choose_ready(KEY, wait_s=60)).address == B
+    asyncio.get_running_loop().call_later(0.1, router.record_health, A, None)
+    assert (await router.choose_ready(KEY, exclude={B}, wait_s=60)).address == A
 
 
 def test_weights_are_configurable():
@@ -234,7 +252,7 @@ async def test_the_router_steers_away_from_a_busy_real_replica(embedded_model_di
         router = ReplicaRouter([busy.address, idle.address, dead], refresh_s=0.1, stats_timeout_s=2.0)
         await router.start()
         assert set(router.scores(KEY)) == {busy.address, idle.address}   # the dead one is skipped
-        assert "UNAVAILABLE" in router.replica(dead).unavailable
+        assert router.replica(dead).unavailable == "no health answer yet"   # its Watch waits for it
 
         router.note_served(busy.address, KEY)
         assert router.choose(KEY).address == busy.address                 # idle replicas: locality decides

@@ -33,7 +33,8 @@ def test_flag_choices_match_the_engine():
 def test_serve_inference_command_serves_and_stops_on_sigterm(embedded_model_dir):
     proc = subprocess.Popen(
         [sys.executable, "-m", "streamrag.cli", "serve", "inference", "--port", "0", "--metrics-port", "0",
-         "--model", str(embedded_model_dir), "--policy", "lcas", "--kv-device-blocks", "64", "--kv-cpu-blocks", "64"],
+         "--model", str(embedded_model_dir), "--policy", "lcas", "--kv-device-blocks", "64", "--kv-cpu-blocks", "64",
+         "--max-model-len", "1024"],
         cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         line = proc.stdout.readline()

@@ -22,7 +22,8 @@ import torch.nn.functional as F
 from safetensors import safe_open
 from torch import nn
 
-from inference_svc.engine.attention import AttentionMetadata, paged_attention
+from inference_svc.engine.attention import AttentionMetadata, attend_rows, paged_attention
+from inference_svc.engine.blend import CHECK_LAYER, select_rows
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
 SUPPORTED_ROPE_TYPES = ("linear", "dynamic", "llama3", "yarn")  # besides "default"
@@ -283,6 +284,51 @@ class LlamaForCausalLM(nn.Module):
         for layer, kv in zip(self.layers, kv_caches, strict=True):
             x = layer(x, cos, sin, meta, kv)
         return x
+
+    def forward_blend(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        ctx_slots: torch.Tensor,
+        new_slots: torch.Tensor,
+        reused: torch.Tensor,
+        keep: torch.Tensor,
+        num_recompute: int,
+        kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """One sequence's chunk whose `reused` rows already hold cached KV in their slots (blend.py).
+
+        ``input_ids``/``positions``/``new_slots``/``reused``/``keep`` are per row ``[n]``; ``ctx_slots`` are
+        the slots of positions ``[0, end)``. Every row runs through layers up to ``CHECK_LAYER``; there
+        the rows that go on are the ones not reused, the ``keep`` rows and the ``num_recompute`` reused
+        rows whose fresh K/V deviate most from the cached; the others keep their cached KV from then
+        on. With ``num_recompute`` 0 the reused rows are skipped from the start. Returns (hidden states
+        of the rows that went through every layer, their row indices).
+        """
+        must = ~reused | keep
+        rows = torch.arange(input_ids.shape[0], device=input_ids.device)
+        if num_recompute == 0:
+            rows = rows[must]
+        x = self.embed_tokens(input_ids[rows])
+        check = min(CHECK_LAYER, len(self.layers) - 1)
+        for index, (layer, kv) in enumerate(zip(self.layers, kv_caches, strict=True)):
+            attn = layer.self_attn
+            h, hkv = attn.num_heads, attn.num_kv_heads
+            cos, sin = self.rotary(positions[rows], x.dtype)
+            qkv = attn.qkv_proj(layer.input_layernorm(x)).view(x.shape[0], h + 2 * hkv, attn.head_dim).transpose(0, 1)
+            qk = apply_rotary(qkv[: h + hkv], cos, sin)
+            q, k, v = qk[:h], qk[h:], qkv[h + hkv:]
+            if index == check and num_recompute and rows.shape[0] > int(must[rows].sum()):
+                slots = new_slots[rows]
+                deviation = ((k.transpose(0, 1).float() - kv[0].index_select(0, slots).float()) ** 2).sum((1, 2))
+                deviation += ((v.transpose(0, 1).float() - kv[1].index_select(0, slots).float()) ** 2).sum((1, 2))
+                sub = select_rows(deviation, must[rows], num_recompute)
+                rows, x, q, k, v = rows[sub], x[sub], q[:, sub], k[:, sub], v[:, sub]
+            kv[0].index_copy_(0, new_slots[rows], k.transpose(0, 1))
+            kv[1].index_copy_(0, new_slots[rows], v.transpose(0, 1))
+            x = x + attn.o_proj(attend_rows(q.contiguous(), kv[0], kv[1], ctx_slots, positions[rows]))
+            x = x + layer.mlp(layer.post_attention_layernorm(x))
+        return x, rows
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Final norm and LM head over the given rows; float32 ``[n, vocab]``."""

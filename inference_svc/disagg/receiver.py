@@ -1,0 +1,206 @@
+"""The decode side of a KV transfer: the `KvTransfer` servicer.
+
+One call is one request. `begin` opens it in the engine with an empty prompt; each `blocks`
+message appends its tokens and imports their KV through the scheduler (`kv_export.import_blocks`):
+the request is never runnable on tokens whose KV is still to come, so nothing is computed twice.
+Should the scheduler decline (the request was preempted, or no block is free), the tokens are still
+appended and the engine computes them itself; the answer is the same. `truncate` is an update to the
+first `valid_tokens` tokens (the engine's own invalidation), `finish` lets the request decode: the
+engine computes the last prompt token, samples the first token and decodes. Every message is acked
+once applied; the request's events follow on the same call. The call ending, any way, aborts the
+request, so its blocks are freed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass
+
+import grpc
+
+from inference_svc.disagg.wire import layout_from_proto
+from inference_svc.engine.engine import Engine
+from inference_svc.engine.events import EngineEvent, EventKind
+from inference_svc.engine.kv_export import KvLayout, blocks_for_range, from_bytes, import_blocks
+from inference_svc.engine.request import Segment
+from inference_svc.native.engine_thread import EngineThread
+from inference_svc.rpc.convert import check_request_id, done_to_proto, event_to_proto, sampling_from_proto
+from inference_svc.rpc.errors import (
+    ErrorStatus,
+    KvLayoutMismatch,
+    KvTransferError,
+    KvTransferTooLarge,
+    KvTransferUnknownRequest,
+    status_for,
+)
+from inference_svc.rpc.summary import RequestSummary
+from protos import kv_transfer_pb2, kv_transfer_pb2_grpc
+from servicekit.server import UndecodableRequest
+
+log = logging.getLogger(__name__)
+SERVICE_NAME = kv_transfer_pb2.DESCRIPTOR.services_by_name["KvTransfer"].full_name
+
+
+@dataclass(frozen=True)
+class Ack:
+    tokens: int
+    imported: int
+    finished: bool = False
+
+
+class KvTransferServicer(kv_transfer_pb2_grpc.KvTransferServicer):
+    def __init__(self, engine_thread: EngineThread, layout: KvLayout, num_device_blocks: int) -> None:
+        self.engine_thread = engine_thread
+        self.layout = layout
+        self.num_device_blocks = num_device_blocks
+        self.calls = 0          # transfers received
+        self.active = 0         # transfers open now
+
+    async def Transfer(self, request_iterator, context):
+        try:
+            first = await anext(aiter(request_iterator))
+        except StopAsyncIteration:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "empty transfer: the first message must be begin")
+        except UndecodableRequest as exc:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        request_id = first.request_id
+        try:
+            check_request_id(request_id)
+            if not request_id:
+                raise KvTransferError("request_id must not be empty")
+            if first.WhichOneof("kind") != "begin":
+                raise KvTransferUnknownRequest(
+                    f"{first.WhichOneof('kind') or 'message'} for request {request_id!r}: no transfer is open for it "
+                    "(the first message must be begin)")
+            begin = first.begin
+            if layout_from_proto(begin.layout) != self.layout:
+                raise KvLayoutMismatch(f"KV layout {layout_from_proto(begin.layout)} differs from this replica's "
+                                       f"{self.layout}")
+            sampling = sampling_from_proto(begin.sampling, begin.HasField("sampling"))
+        except Exception as exc:
+            error = status_for(exc)
+            await context.abort(error.code, error.message)
+        events = self.engine_thread.subscribe(request_id)
+        opened = False
+        reader = None
+        self.active += 1
+        try:
+            try:
+                await self.engine_thread.call(lambda e: e.open(request_id, (), sampling, begin.priority))
+            except Exception as exc:
+                error = status_for(exc)
+                await context.abort(error.code, error.message)
+            opened = True
+            self.calls += 1
+            reader = asyncio.create_task(self._read(request_iterator, request_id, events))
+            token_index = 0
+            text: list[str] = []
+            while True:
+                item = await events.get()
+                if isinstance(item, Ack):
+                    yield kv_transfer_pb2.TransferResponse(ack=kv_transfer_pb2.KvAck(
+                        tokens=item.tokens, imported_tokens=item.imported, finished=item.finished))
+                elif isinstance(item, RequestSummary):
+                    yield kv_transfer_pb2.TransferResponse(event=done_to_proto(item, "".join(text)))
+                    return
+                elif isinstance(item, ErrorStatus):
+                    await context.abort(item.code, item.message)
+                elif isinstance(item, BaseException):
+                    await context.abort(grpc.StatusCode.INTERNAL, f"engine error: {item}")
+                elif isinstance(item, EngineEvent):
+                    yield kv_transfer_pb2.TransferResponse(event=event_to_proto(item, token_index, 0.0))
+                    if item.kind is EventKind.TOKEN:
+                        token_index += 1
+                        text.append(item.text)
+        finally:
+            self.active -= 1
+            if reader is not None:
+                reader.cancel()
+            self.engine_thread.unsubscribe(request_id)
+            if opened:
+                self.engine_thread.abort_soon(request_id)
+
+    async def _read(self, request_iterator, request_id: str, events: asyncio.Queue) -> None:
+        """Apply blocks / truncate / finish in order; each is acked on `events` once applied."""
+        try:
+            async for message in request_iterator:
+                if message.request_id != request_id:
+                    raise KvTransferUnknownRequest(
+                        f"this call transfers {request_id!r}, not {message.request_id!r}")
+                kind = message.WhichOneof("kind")
+                if kind == "blocks":
+                    apply = self._blocks_command(request_id, message.blocks)
+                elif kind == "truncate":
+                    apply = _truncate_command(request_id, message.truncate.valid_tokens)
+                elif kind == "finish":
+                    apply = _finish_command(request_id)
+                else:
+                    raise KvTransferError(f"{kind or 'a message without a kind'} after begin")
+                events.put_nowait(await self.engine_thread.call(apply))
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            events.put_nowait(status_for(exc))
+
+    def _blocks_command(self, request_id: str, blocks: kv_transfer_pb2.KvBlocks):
+        """Validated here, on the event loop; applied on the engine thread."""
+        bs = self.layout.block_size
+        start, token_ids = blocks.start_token, list(blocks.token_ids)
+        if blocks.num_blocks > self.num_device_blocks:
+            raise KvTransferTooLarge(f"{blocks.num_blocks} blocks exceed this replica's device pool "
+                                     f"({self.num_device_blocks} blocks)")
+        if start < 0 or start % bs or not token_ids:
+            raise KvTransferError(f"blocks must start at a multiple of the block size ({bs}) and carry tokens")
+        if blocks.num_blocks != blocks_for_range(start, start + len(token_ids), bs):
+            raise KvTransferError(f"{len(token_ids)} tokens take {blocks_for_range(start, start + len(token_ids), bs)} "
+                                  f"blocks, not {blocks.num_blocks}")
+        try:
+            data = from_bytes(blocks.data, self.layout, blocks.num_blocks)
+        except ValueError as exc:
+            raise KvTransferError(str(exc)) from exc
+
+        def apply(engine: Engine) -> Ack:
+            request = _receiving(engine, request_id)
+            have = request.num_prompt_tokens
+            if start > have:
+                raise KvTransferError(f"blocks from token {start}, but only {have} tokens arrived")
+            if request.prompt_token_ids[start:have] != token_ids[:have - start]:
+                raise KvTransferError("blocks restate tokens that differ from those already received")
+            new = token_ids[have - start:]
+            if new:
+                engine.append(request_id, [Segment(token_ids=tuple(new))])
+            imported = import_blocks(engine, request, start, start + len(token_ids), data)
+            return Ack(request.num_prompt_tokens, imported)
+
+        return apply
+
+
+def _receiving(engine: Engine, request_id: str):
+    request = engine.requests.get(request_id)
+    if request is None or request.is_finished or request.context_complete:
+        raise KvTransferUnknownRequest(f"no transfer in progress for request {request_id!r}")
+    return request
+
+
+def _truncate_command(request_id: str, valid: int):
+    def apply(engine: Engine) -> Ack:
+        request = _receiving(engine, request_id)
+        if not 0 <= valid <= request.num_prompt_tokens:
+            raise KvTransferError(f"truncate to {valid} tokens: the request has {request.num_prompt_tokens}")
+        kept = request.prompt_token_ids[:valid]
+        engine.update(request_id, [Segment(token_ids=tuple(kept))] if kept else [])
+        return Ack(request.num_prompt_tokens, 0)
+
+    return apply
+
+
+def _finish_command(request_id: str):
+    def apply(engine: Engine) -> Ack:
+        request = _receiving(engine, request_id)
+        engine.finish(request_id)
+        return Ack(request.num_prompt_tokens, 0, finished=True)
+
+    return apply
+
+

@@ -1,0 +1,116 @@
+"""What the soak checks once the load has drained and every service is back.
+
+- Leaked blocks: the soak's sessions are closed, then every replica's pools are read (GetStats)
+  until free == total on each (aborts free blocks asynchronously), or `wait_s` passes; what is
+  still held then is leaked.
+- Lost lifecycle events: for every ask a client was acknowledged (it got `done`), the stored
+  record (GetRequest) must exist, be FINISHED with the same answer, and hold at least as many
+  events of each lifecycle kind as the client saw, one RETRIEVAL_CHUNK per chunk the client saw,
+  and a DONE. Every shortfall is counted, per ask.
+"""
+
+from __future__ import annotations
+
+import collections
+import time
+from dataclasses import dataclass, field
+
+from load_tests.chaos.workload import AskOutcome, orchestrator_channel
+
+
+def close_sessions(address: str, key: str | None, prefix: str = "chaos-") -> list[str]:
+    """Close every session whose id starts with `prefix`; returns their ids."""
+    import grpc
+
+    from protos import sessions_pb2, sessions_pb2_grpc
+
+    closed = []
+    with orchestrator_channel(address, key) as channel:
+        stub = sessions_pb2_grpc.SessionsStub(channel)
+        try:
+            listed = stub.ListSessions(sessions_pb2.ListSessionsRequest(), timeout=30).sessions
+        except grpc.RpcError:
+            return closed
+        for info in listed:
+            if info.session_id.startswith(prefix):
+                try:
+                    stub.CloseSession(sessions_pb2.CloseSessionRequest(session_id=info.session_id), timeout=30)
+                    closed.append(info.session_id)
+                except grpc.RpcError:
+                    pass
+    return closed
+
+
+def leaked_blocks(stack, wait_s: float = 60.0) -> dict[str, dict[str, int]]:
+    """{replica: {pool: blocks held}} once free == total everywhere or `wait_s` passed (empty dicts: none)."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        held, errors = {}, {}
+        for replica in stack.replicas:
+            try:
+                pools = stack.pools(replica)
+                held[replica.name] = {pool: total - free for pool, (free, total) in pools.items() if free != total}
+            except Exception as exc:          # a replica that does not answer: its blocks are unknown
+                errors[replica.name] = str(exc)[:200]
+                held[replica.name] = {"unreadable": -1}
+        if not any(held.values()) or time.monotonic() > deadline:
+            return held
+        time.sleep(1.0)
+
+
+@dataclass
+class LostEvents:
+    request_id: str
+    t_end: float                                  # monotonic: when the client got done
+    missing: dict[str, int] = field(default_factory=dict)   # what is short: kind -> count, "record", "state"...
+
+    @property
+    def count(self) -> int:
+        return sum(n for kind, n in self.missing.items() if kind != "unreadable")
+
+
+def expected_events(ask: AskOutcome) -> collections.Counter:
+    expected = collections.Counter(ask.lifecycle)
+    expected["RETRIEVAL_CHUNK"] += ask.chunks
+    expected["DONE"] += 1
+    return expected
+
+
+def lost_events(address: str, key: str | None, asks: list[AskOutcome], settle_s: float = 30.0) -> list[LostEvents]:
+    """Compare what each acknowledged ask's client saw with the store; one entry per ask with a shortfall.
+    A record not yet FINISHED is read again for up to `settle_s` (the store writes behind)."""
+    import grpc
+
+    from protos import orchestrator_pb2, orchestrator_pb2_grpc
+
+    lost = []
+    deadline = time.monotonic() + settle_s
+    with orchestrator_channel(address, key) as channel:
+        stub = orchestrator_pb2_grpc.OrchestratorStub(channel)
+        for ask in (a for a in asks if a.ok and a.request_id):
+            while True:
+                missing: dict[str, int] = {}
+                try:
+                    record = stub.GetRequest(orchestrator_pb2.GetRequestRequest(request_id=ask.request_id),
+                                             timeout=30).record
+                except grpc.RpcError as exc:
+                    record = None
+                    if exc.code() == grpc.StatusCode.NOT_FOUND:
+                        missing = {"record": 1, **expected_events(ask)}
+                    else:                               # the store did not answer: unknown, not lost
+                        missing = {"unreadable": 1}
+                if record is not None:
+                    if record.state != orchestrator_pb2.REQUEST_STATE_FINISHED:
+                        missing["state"] = 1
+                    if record.answer != ask.answer:
+                        missing["answer"] = 1
+                    stored = collections.Counter(e.kind for e in record.events)
+                    for kind, count in expected_events(ask).items():
+                        if stored[kind] < count:
+                            missing[kind] = count - stored[kind]
+                if not missing or time.monotonic() > deadline:
+                    break
+                time.sleep(1.0)
+            if missing:
+                lost.append(LostEvents(ask.request_id, ask.end, missing))
+    return lost

@@ -1,0 +1,137 @@
+"""A live collection whose searchable side is a Milvus collection; its SQLite store stays the truth.
+
+Adding a file commits it to the store, then writes it to Milvus (delete the file's old pids,
+insert its new ones), and only then is it answered: an acknowledged file is in the store and
+in Milvus's write-ahead log, and survives a restart of either. If the Milvus write fails
+(Milvus down or slow) the call ends UNAVAILABLE, the file stays committed, and the index is
+marked out of step: the background merger (`needs_merge`/`merge`) reconciles Milvus with the
+store as soon as Milvus answers again, as it does once at open. Milvus searches its growing
+segments by brute force and its sealed ones through the index, so there is no memory part
+of ours; a merge here is a reconcile plus a flush that seals what was inserted (Milvus then
+builds the index over it).
+
+The Milvus collection's name carries a token kept in the store (`milvus_collection`), so a
+collection created again under an old name never meets the old one's vectors.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+import uuid
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+import numpy as np
+
+from retriever_svc.collections.live import MERGE_MEMORY_PASSAGES
+from retriever_svc.collections.store import CollectionStore, FileChange
+from retriever_svc.milvus.connection import MilvusConnection
+from retriever_svc.milvus.index import MilvusIndex
+from retriever_svc.service import RetrieverUnavailable
+from retriever_svc.stages import Stage, exact_top
+
+NAME_KEY = "milvus_collection"
+
+
+def milvus_name(collection: str) -> str:
+    """A Milvus collection name (letters, digits, _) for one of ours (which may hold '-'), unique per creation."""
+    return "sr_" + re.sub(r"[^A-Za-z0-9]", "_", collection) + "_" + uuid.uuid4().hex[:12]
+
+
+class MilvusLiveIndex:
+    """The `collection.SearchIndex` of one collection folder, on Milvus."""
+
+    def __init__(self, directory: Path, store: CollectionStore, connection: MilvusConnection) -> None:
+        self.directory = Path(directory)
+        self.store = store
+        name = store.meta(NAME_KEY)
+        if not name:
+            name = milvus_name(self.directory.name)
+            store.set_meta({NAME_KEY: name})
+        self.milvus = MilvusIndex(connection, name)
+        self._write_lock = threading.Lock()
+        self._merge_lock = threading.Lock()
+        self.merging = False
+        self._size = store.counts()[1]
+        self._unsealed = 0                 # rows inserted since the last flush
+        self.out_of_step = True            # reconciled at the first merge (and after any failed write)
+        try:
+            self.merge()
+        except RetrieverUnavailable:       # serve what the store has once Milvus answers; the merger retries
+            pass
+
+    @property
+    def size(self) -> int:
+        return self._size
+
+    def counts(self) -> dict[str, int]:
+        return {"disk_passages": self._size - self._unsealed, "memory_passages": self._unsealed,
+                "deleted_passages": 0}
+
+    # ---- searching ----
+    def stages(self, vector: np.ndarray, k: int, schedule: Sequence[int], beam_width: int) -> Iterator[Stage]:
+        """`beam_width` is DiskANN's I/O width inside Milvus (its `BeamWidthRatio`), not a per-search option."""
+        return self.milvus.stages(vector, max(1, min(k, max(self._size, 1))), schedule)
+
+    def exact(self, vector: np.ndarray, k: int) -> list[int]:
+        pids, vectors = self.store.vectors()
+        return pids[exact_top(vectors, vector, k)].tolist()
+
+    # ---- writing ----
+    def writing(self) -> threading.Lock:
+        return self._write_lock
+
+    def apply(self, change: FileChange, vectors: np.ndarray) -> None:
+        self._size = self.store.counts()[1]
+        self._write(change.removed_pids, change.added_pids, vectors)
+
+    def remove(self, pids: Sequence[int]) -> None:
+        self._size = self.store.counts()[1]
+        self._write(pids, [], np.zeros((0, 384), dtype=np.float32))
+
+    def _write(self, removed: Sequence[int], added: Sequence[int], vectors: np.ndarray) -> None:
+        try:
+            if removed:
+                self.milvus.delete(removed)
+            if added:
+                self.milvus.insert(added, vectors)
+        except RetrieverUnavailable as exc:
+            self.out_of_step = True
+            raise RetrieverUnavailable(f"{exc}; the change is committed to the collection and reaches Milvus "
+                                       "when it answers again") from exc
+        self._unsealed += len(added)
+
+    # ---- reconciling ----
+    def needs_merge(self) -> bool:
+        return self.out_of_step or self._unsealed >= MERGE_MEMORY_PASSAGES
+
+    def merge(self, threads: int = 1, wait: bool = True) -> bool:
+        """Reconcile Milvus with the store (when out of step) and flush what was inserted since the last one."""
+        if not self._merge_lock.acquire(blocking=wait):
+            return False
+        try:
+            self.merging = True
+            with self._write_lock:
+                if self.out_of_step:
+                    pids, _ = self.store.vectors()
+                    self.milvus.reconcile(pids, self._vectors_of, self.store.max_pid())
+                    self.out_of_step = False
+                unsealed, self._unsealed = self._unsealed, 0
+            if unsealed:
+                try:
+                    self.milvus.flush()
+                except RetrieverUnavailable:
+                    self._unsealed += unsealed
+                    raise
+            return True
+        finally:
+            self.merging = False
+            self._merge_lock.release()
+
+    def _vectors_of(self, pids: np.ndarray) -> np.ndarray:
+        all_pids, vectors = self.store.vectors()
+        return vectors[np.searchsorted(all_pids, pids)]
+
+    def drop(self) -> None:
+        self.milvus.drop()

@@ -1,0 +1,71 @@
+"""`streamrag bench chaos` for real, short: two minutes of asks on the tiny corpus while one replica
+is killed and the other frozen, through the console script on a stack it starts itself (fp32,
+two replicas, every port a free one).
+
+It asserts the behaviour the soak exists to show, not its timings: no ask hangs past its
+deadline, every failed ask overlaps a fault's window, each faulted replica comes back, no KV
+block is left held, no event an acknowledged client saw is missing from the lifecycle store, and
+every answer whose documents match the fault-free pass equals it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from streamrag.stack import processes, state
+from tests.test_stack import processes_in
+
+STREAMRAG = Path(sys.executable).with_name("streamrag")
+
+
+@pytest.fixture
+def run_dir(tmp_path: Path):
+    """Whatever a failed run left there is stopped afterwards (supervisor first, then every service)."""
+    directory = (tmp_path / "run").resolve()
+    yield directory
+    recorded = state.read_state(directory)
+    if recorded is not None and recorded.supervisor is not None and processes.is_running(recorded.supervisor):
+        os.kill(recorded.supervisor.pid, signal.SIGKILL)
+    for pid in processes_in(directory):
+        os.killpg(pid, signal.SIGCONT)
+        os.kill(pid, signal.SIGKILL)
+
+
+@pytest.fixture(scope="module")
+def tiny_index(tmp_path_factory) -> Path:
+    from tests.retriever import build_tiny_index
+
+    return build_tiny_index(tmp_path_factory.mktemp("tiny"))
+
+
+@pytest.mark.timeout(1500)
+def test_a_short_soak_with_a_killed_and_a_frozen_replica_meets_the_behavioural_targets(tiny_index: Path,
+                                                                                        run_dir: Path, tmp_path: Path):
+    out = tmp_path / "chaos.json"
+    bench = subprocess.run(
+        [str(STREAMRAG), "bench", "chaos", "--run-dir", str(run_dir), "--duration", "2m", "--fault-every", "60s",
+         "--faults", "kill:inference-0,stop:inference-1", "--stop-for", "10s", "--users", "3", "--questions", "2",
+         "--max-tokens", "8", "--deadline", "180s", "--replicas", "2", "--dtype", "float32",
+         "--corpus-root", str(tiny_index.parent / "site"), "--index", str(tiny_index), "--json", str(out)],
+        capture_output=True, text=True, timeout=1400, env=dict(os.environ, HF_HUB_OFFLINE="1"))
+    log = bench.stdout[-6000:] + bench.stderr[-4000:]
+    assert bench.returncode == 0, log
+    report = json.loads(out.read_text())
+    totals, rows = report["totals"], report["faults"]
+
+    assert [(r["action"], r["target"]) for r in rows] == [("kill", "inference-0"), ("stop", "inference-1")], log
+    assert all(not r["error"] and r["down_s"] is not None for r in rows), rows     # each came back healthy
+    assert totals["answered"] > 0 and report["answers"]["compared"] > 0, log
+    assert totals["hung"] == 0, rows
+    assert totals["failures_outside_windows"] == 0, report["outside_windows"]
+    assert totals["leaked_blocks"] == 0, report["leaked"]
+    assert totals["lost_events"] == 0, report["lost"]
+    assert report["answers"]["differ"] == 0, report["answers"]["examples"]
+    assert processes_in(run_dir) == [], "the stack the bench started outlived it"
