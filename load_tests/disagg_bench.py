@@ -45,9 +45,12 @@ from load_tests.cli_types import write_json
 from protos import common_pb2, inference_pb2, inference_pb2_grpc
 from servicekit.progress import say
 
-WORDS = ("python file list dict read write open close module import function class method string bytes "
-         "loop iterate value key error exception raise return yield generator context manager path stream "
-         "buffer line text encoding socket thread process queue lock event async await task future").split()
+WORDS = (
+    "python", "file", "list", "dict", "read", "write", "open", "close", "module", "import", "function", "class",
+    "method", "string", "bytes", "loop", "iterate", "value", "key", "error", "exception", "raise", "return",
+    "yield", "generator", "context", "manager", "path", "stream", "buffer", "line", "text", "encoding", "socket",
+    "thread", "process", "queue", "lock", "event", "async", "await", "task", "future",
+)
 HANDOFF = re.compile(r"transfer ([0-9.]+) ms after the last chunk's KV")
 
 

@@ -6,7 +6,8 @@ One scenario per seed, in one in-process engine driven by its engine thread as t
 `--prompt-tokens` random tokens whose context is still arriving (append mode: prefilled ahead with the
 whole budget) start together; at a seeded moment one of them is cancelled, at another a short complete
 prompt arrives (greedy, one token). Measured per run:
-- step time: the wall time of every engine step from the start until both events are served; p50, p99;
+- step time: the wall time of every engine step from the start until both events are served and the
+  long prompt that stays is prefilled; p50, p99;
 - cancel latency: from the cancel to its abort applied (the request finished, its blocks free), and how
   many steps ran in between;
 - the new request's TTFT: from its arrival to its first token.
@@ -72,7 +73,9 @@ class Run:
     cancel_steps: int | None = None      # steps that ended between the cancel and its abort
     arrive_at: float | None = None
     first_token: float | None = None
-    served: threading.Event = field(default_factory=threading.Event)    # the cancel and the arrival served
+    prefilled: float | None = None       # the long prompt that stays holds all its KV
+    # the cancel and the arrival served, the long prompt that stays prefilled
+    served: threading.Event = field(default_factory=threading.Event)
     closed: threading.Event = field(default_factory=threading.Event)    # every request of the run gone
 
 
@@ -106,7 +109,9 @@ class Driver:
                 run.cancel_steps = self.engine.counters.steps - run.cancel_step
             elif event.kind is EventKind.FIRST_TOKEN and event.request_id == run.ids["new"]:
                 run.first_token = now
-        if run.first_token is not None and run.cancel_done is not None:
+            elif event.kind is EventKind.KV_ON_GPU and event.request_id == run.ids["a"]:
+                run.prefilled = now
+        if run.first_token is not None and run.cancel_done is not None and run.prefilled is not None:
             run.served.set()
         if run.served.is_set() and not any(rid in self.engine.requests and not self.engine.requests[rid].is_finished
                                            for rid in run.ids.values()):
@@ -119,7 +124,7 @@ class Driver:
         engine, thread = self.engine, self.thread
         rng = random.Random(seed)
         vocab = engine.runner.config.vocab_size
-        prompt = lambda n: [Segment(token_ids=tuple(rng.randrange(100, vocab) for _ in range(n)))]  # noqa: E731
+        prompt = lambda n: [Segment(token_ids=tuple(rng.randrange(min(100, vocab // 2), vocab) for _ in range(n)))]  # noqa: E731
         long_a, long_c, short = prompt(prompt_tokens), prompt(prompt_tokens), prompt(SHORT_TOKENS)
         cancel_s, arrive_s = rng.uniform(*EVENT_WINDOW_S), rng.uniform(*EVENT_WINDOW_S)
         run = self.run = Run({name: f"seed{seed}-{name}" for name in ("a", "c", "new")})
@@ -167,7 +172,8 @@ class Driver:
         from inference_svc.engine.sampler import SamplingParams
 
         rng = random.Random(12345)
-        tokens = tuple(rng.randrange(100, self.engine.runner.config.vocab_size) for _ in range(WARMUP_TOKENS))
+        vocab = self.engine.runner.config.vocab_size
+        tokens = tuple(rng.randrange(min(100, vocab // 2), vocab) for _ in range(WARMUP_TOKENS))
         gone = threading.Event()
         self.run = None
         self.thread.post(lambda engine: (engine.open("warm-up", [Segment(token_ids=tokens)],

@@ -71,9 +71,9 @@ class InferenceProxy(inference_pb2_grpc.InferenceServicer):
         self.store = store
         self.metrics = metrics
 
-    async def _choose(self, context, key: str, exclude: frozenset[str] = frozenset()) -> Replica:
+    async def _choose(self, context, key: str) -> Replica:
         try:
-            return self.router.choose(key, exclude=exclude)
+            return self.router.choose(key)
         except NoReplicaAvailable as exc:
             await context.abort(grpc.StatusCode.UNAVAILABLE, str(exc))
 
@@ -124,7 +124,12 @@ class InferenceProxy(inference_pb2_grpc.InferenceServicer):
                         outcome = "failed"       # the replica's status and message, as it gave them
                         await self._fail(context, request_id, exc.code(), exc.details() or exc.code().name)
                     retried = True
-                    replica = await self._fail_over(context, request_id, replica, key, exc)
+                    chosen = await self._fail_over(request_id, replica, key, exc)
+                    if chosen is None:
+                        outcome = "failed"
+                        await self._fail(context, request_id, grpc.StatusCode.UNAVAILABLE,
+                                         f"no replica left after {replica.address}")
+                    replica = chosen
         finally:
             if call is not None:
                 call.cancel()              # a no-op once it ended; else the replica frees the request's blocks
@@ -132,14 +137,13 @@ class InferenceProxy(inference_pb2_grpc.InferenceServicer):
                 await record_cancelled(self.store, request_id)
             self.metrics.asks.labels(MODE, outcome).inc()
 
-    async def _fail_over(self, context, request_id: str, replica: Replica, key: str,
-                         exc: grpc.RpcError) -> Replica:
+    async def _fail_over(self, request_id: str, replica: Replica, key: str, exc: grpc.RpcError) -> Replica | None:
+        """Mark `replica` failed and record the move to another; None when no other is left."""
         self.router.mark_failed(replica.address)
         try:
             chosen = self.router.choose(key, exclude={replica.address})
         except NoReplicaAvailable:
-            await self._fail(context, request_id, grpc.StatusCode.UNAVAILABLE,
-                             f"no replica left after {replica.address}")
+            return None
         log.warning("%s: replica %s failed (%s: %s); retrying on %s", request_id, replica.address,
                     exc.code().name, exc.details(), chosen.address)
         await self.store.event(request_id, "ERROR", detail=f"replica {replica.address} failed: {exc.details()}; "

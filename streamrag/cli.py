@@ -87,6 +87,9 @@ COMMANDS = (
             "load_tests.concurrent_bench:run_bench_concurrent"),
     Command("bench retrieval", "ANNS stage latency and recall against exact search; --backend diskannpy,milvus "
             "compares the backends", "load_tests.retrieval_bench:add_args", "load_tests.retrieval_bench:run"),
+    Command("bench blend", "KV reuse of retrieved passages (blend) against exact: ANNS replay p95, TTFT across "
+                           "requests, answer agreement, the --blend-recompute sweep",
+            "load_tests.blend_bench:add_args", "load_tests.blend_bench:run"),
     Command("bench replay", "replay a trace against Inference: streaming vs non-streaming",
             "load_tests.replay:add_bench_replay_args", "load_tests.replay:run_bench_replay"),
     Command("bench quality", "retrieval quality through the stack: hit@k of the answering page, time to the first "

@@ -41,20 +41,22 @@ def close_sessions(address: str, key: str | None, prefix: str = "chaos-") -> lis
     return closed
 
 
-def leaked_blocks(stack, wait_s: float = 60.0) -> dict[str, dict[str, int]]:
-    """{replica: {pool: blocks held}} once free == total everywhere or `wait_s` passed (empty dicts: none)."""
+def leaked_blocks(stack, wait_s: float = 60.0) -> dict[str, dict]:
+    """Per replica the blocks still held once free == total everywhere or `wait_s` passed: {"held": {pool:
+    blocks}, and what holds them: "sessions", "running", "waiting", "swapped"} ("held" empty: none)."""
     deadline = time.monotonic() + wait_s
     while True:
-        held, errors = {}, {}
+        found = {}
         for replica in stack.replicas:
             try:
-                pools = stack.pools(replica)
-                held[replica.name] = {pool: total - free for pool, (free, total) in pools.items() if free != total}
+                stats = stack.replica_stats(replica)
             except Exception as exc:          # a replica that does not answer: its blocks are unknown
-                errors[replica.name] = str(exc)[:200]
-                held[replica.name] = {"unreadable": -1}
-        if not any(held.values()) or time.monotonic() > deadline:
-            return held
+                found[replica.name] = {"held": {"unreadable": -1}, "error": str(exc)[:200]}
+                continue
+            held = {pool: total - free for pool, (free, total) in stats.pop("pools").items() if free != total}
+            found[replica.name] = {"held": held, **stats}
+        if not any(r["held"] for r in found.values()) or time.monotonic() > deadline:
+            return found
         time.sleep(1.0)
 
 
@@ -63,6 +65,7 @@ class LostEvents:
     request_id: str
     t_end: float                                  # monotonic: when the client got done
     missing: dict[str, int] = field(default_factory=dict)   # what is short: kind -> count, "record", "state"...
+    code: str = ""                                # why the record could not be read ("unreadable")
 
     @property
     def count(self) -> int:
@@ -88,6 +91,7 @@ def lost_events(address: str, key: str | None, asks: list[AskOutcome], settle_s:
     with orchestrator_channel(address, key) as channel:
         stub = orchestrator_pb2_grpc.OrchestratorStub(channel)
         for ask in (a for a in asks if a.ok and a.request_id):
+            unreadable_code = ""
             while True:
                 missing: dict[str, int] = {}
                 try:
@@ -99,6 +103,7 @@ def lost_events(address: str, key: str | None, asks: list[AskOutcome], settle_s:
                         missing = {"record": 1, **expected_events(ask)}
                     else:                               # the store did not answer: unknown, not lost
                         missing = {"unreadable": 1}
+                        unreadable_code = exc.code().name
                 if record is not None:
                     if record.state != orchestrator_pb2.REQUEST_STATE_FINISHED:
                         missing["state"] = 1
@@ -112,5 +117,6 @@ def lost_events(address: str, key: str | None, asks: list[AskOutcome], settle_s:
                     break
                 time.sleep(1.0)
             if missing:
-                lost.append(LostEvents(ask.request_id, ask.end, missing))
+                lost.append(LostEvents(ask.request_id, ask.end, missing,
+                                       unreadable_code if "unreadable" in missing else ""))
     return lost

@@ -173,8 +173,8 @@ def summarize(asks: list[AskOutcome], calls: list[CallOutcome], faults: list[Fau
         "lost_events": sum(x.count for x in lost),
         "asks_with_lost_events": sum(x.count > 0 for x in lost),
         "records_unreadable": sum("unreadable" in x.missing for x in lost),
-        "leaked_blocks": sum(max(0, n) for pools in leaked.values() for n in pools.values())
-        + sum(1 for pools in leaked.values() if pools.get("unreadable") == -1),
+        "leaked_blocks": sum(max(0, n) for r in leaked.values() for n in r["held"].values())
+        + sum(1 for r in leaked.values() if r["held"].get("unreadable") == -1),
         "answers_differ": answers["differ"],
         "degraded": sum(degraded(a) for a in asks),
         "session_calls": len(calls),
@@ -190,7 +190,8 @@ def summarize(asks: list[AskOutcome], calls: list[CallOutcome], faults: list[Fau
                                  "retriever": a.spec.retriever, "streamed": a.spec.streamed,
                                  "detail": a.detail[:200]} for a in outside[:20]],
             "asks": [ask_row(a, t0) for a in asks],
-            "lost": [{"request_id": x.request_id, "end_s": round(x.t_end - t0, 1), "missing": x.missing}
+            "lost": [{"request_id": x.request_id, "end_s": round(x.t_end - t0, 1), "missing": x.missing,
+                      "code": x.code}
                      for x in lost[:20]]}
 
 

@@ -77,7 +77,8 @@ def add_bench_chaos_args(parser: argparse.ArgumentParser) -> None:
                         help="questions from load_tests/questions.txt, each asked with anns, crawler and both, "
                              "streamed and not (default 6)")
     parser.add_argument("--max-tokens", type=positive_int, default=16, help="answer length cap (default 16)")
-    parser.add_argument("--deadline", type=duration, default=120.0, help="every ask's deadline (default 120s)")
+    parser.add_argument("--deadline", type=duration, default=300.0,
+                        help="every ask's deadline, as the locust users' (default 300s)")
     parser.add_argument("--think", type=think_range, default=(1.0, 3.0), metavar="MIN,MAX",
                         help="think time between a user's asks, seconds (default 1,3)")
     parser.add_argument("--recover-timeout", type=duration, default=300.0,
@@ -98,7 +99,7 @@ class SoakOptions:
     faults: list[tuple[str, str]] | None = None
     questions: int = 6
     max_tokens: int = 16
-    deadline_s: float = 120.0
+    deadline_s: float = 300.0
     think_s: tuple[float, float] = (1.0, 3.0)
     recover_timeout_s: float = 300.0
     seed: int = 0

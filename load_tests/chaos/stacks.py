@@ -4,7 +4,7 @@
 Both give the same few things: the orchestrator's address and key, the inference replicas, an
 `incarnation` of each service that changes when it is started again, whether it is up (running
 and answering its health check), a signal (`kill`: SIGKILL; `stop`/`cont`: SIGSTOP/SIGCONT) and
-each replica's KV pools (free, total) for the leak check.
+each replica's KV pools (free, total) and what holds them, for the leak check.
 
 The run directory is read as `streamrag.stack.state` writes it (state.json: per service its
 name, kind, health target, pid and /proc start time); `load_tests` may not import `streamrag`, so
@@ -47,8 +47,8 @@ def start_ticks(pid: int) -> int | None:
     return None if fields[0] in ("Z", "X") else int(fields[19])
 
 
-def pool_stats(address: str, timeout_s: float = 5.0) -> dict[str, tuple[int, int]]:
-    """{pool: (free, total)} of one inference replica (GetStats)."""
+def replica_stats(address: str, timeout_s: float = 5.0) -> dict:
+    """One inference replica's KV pools {pool: [free, total]} and what holds them (GetStats)."""
     import grpc
 
     from protos import inference_pb2, inference_pb2_grpc
@@ -56,7 +56,8 @@ def pool_stats(address: str, timeout_s: float = 5.0) -> dict[str, tuple[int, int
     with grpc.insecure_channel(address) as channel:
         stats = inference_pb2_grpc.InferenceStub(channel).GetStats(inference_pb2.GetStatsRequest(),
                                                                    timeout=timeout_s).stats
-    return {p.name: (p.free_blocks, p.total_blocks) for p in stats.pools}
+    return {"pools": {p.name: [p.free_blocks, p.total_blocks] for p in stats.pools}, "sessions": stats.num_sessions,
+            "running": stats.num_running, "waiting": stats.num_waiting, "swapped": stats.num_swapped}
 
 
 class LocalStack:
@@ -116,8 +117,8 @@ class LocalStack:
         os.killpg(pid, SIGNALS[action])
         return f"pid {pid}"
 
-    def pools(self, replica: ServiceInfo) -> dict[str, tuple[int, int]]:
-        return pool_stats(replica.target)
+    def replica_stats(self, replica: ServiceInfo) -> dict:
+        return replica_stats(replica.target)
 
 
 class ComposeStack:
@@ -171,16 +172,14 @@ class ComposeStack:
                        timeout=60)
         return f"container {name}"
 
-    def pools(self, replica: ServiceInfo) -> dict[str, tuple[int, int]]:
-        code = ("import json; from load_tests.chaos.stacks import pool_stats; "
-                f"print(json.dumps(pool_stats('127.0.0.1:{self.REPLICA_PORT}')))")
+    def replica_stats(self, replica: ServiceInfo) -> dict:
+        """Read inside the container (the replicas are not published), through protos alone."""
+        code = ("import json, grpc; from protos import inference_pb2 as p, inference_pb2_grpc as g; "
+                f"s = g.InferenceStub(grpc.insecure_channel('127.0.0.1:{self.REPLICA_PORT}'))"
+                ".GetStats(p.GetStatsRequest(), timeout=5).stats; "
+                "print(json.dumps({'pools': {x.name: [x.free_blocks, x.total_blocks] for x in s.pools}, "
+                "'sessions': s.num_sessions, 'running': s.num_running, 'waiting': s.num_waiting, "
+                "'swapped': s.num_swapped}))")
         out = subprocess.run(["docker", "exec", self._container(replica.name), "python", "-c", code],
-                             capture_output=True, text=True, timeout=60)
-        if out.returncode != 0:       # the image holds no load_tests: ask through protos alone
-            code = ("import json, grpc; from protos import inference_pb2 as p, inference_pb2_grpc as g; "
-                    f"s = g.InferenceStub(grpc.insecure_channel('127.0.0.1:{self.REPLICA_PORT}'))"
-                    ".GetStats(p.GetStatsRequest(), timeout=5).stats; "
-                    "print(json.dumps({x.name: [x.free_blocks, x.total_blocks] for x in s.pools}))")
-            out = subprocess.run(["docker", "exec", self._container(replica.name), "python", "-c", code],
-                                 capture_output=True, text=True, timeout=60, check=True)
-        return {name: tuple(v) for name, v in json.loads(out.stdout).items()}
+                             capture_output=True, text=True, timeout=60, check=True)
+        return json.loads(out.stdout)

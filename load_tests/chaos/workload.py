@@ -239,7 +239,8 @@ class CallOutcome:
 @dataclass
 class IngestingSession:
     """One session fed a small batch every `every_s` (and asked about it every few batches) through the
-    orchestrator's Sessions service; a session lost with its replica is created again."""
+    orchestrator's Sessions service, each call waiting for an orchestrator it cannot reach yet (within its
+    deadline); a session lost with its replica is created again."""
 
     address: str
     key: str | None
@@ -283,17 +284,19 @@ class IngestingSession:
                     self.session_id = f"chaos-{time.time_ns()}"
                     created = self._call("create", lambda: stub.CreateSession(sessions_pb2.CreateSessionRequest(
                         session_id=self.session_id, instructions="Answer from the log lines below.",
-                        retention_tokens=1024), timeout=self.deadline_s)) is not None
+                        retention_tokens=1024), timeout=self.deadline_s, wait_for_ready=True)) is not None
                 else:
                     batch += 1
                     lines = [common_pb2.Segment(text=f"line {batch}.{j}: service check {batch * 4 + j} ok")
                              for j in range(4)]
                     request = sessions_pb2.IngestRequest(session_id=self.session_id, segments=lines)
-                    self._call("ingest", lambda r=request: stub.Ingest(iter([r]), timeout=self.deadline_s))
+                    self._call("ingest", lambda r=request: stub.Ingest(iter([r]), timeout=self.deadline_s,
+                                                                         wait_for_ready=True))
                     if batch % 5 == 0:
                         query = sessions_pb2.QueryRequest(session_id=self.session_id, question="Which check was last?",
                                                           sampling=common_pb2.SamplingParams(max_tokens=4))
-                        self._call("query", lambda q=query: list(stub.Query(q, timeout=self.deadline_s)))
+                        self._call("query", lambda q=query: list(stub.Query(q, timeout=self.deadline_s,
+                                                                                     wait_for_ready=True)))
                     if self.calls[-1].code == "NOT_FOUND":
                         created = False
                 self.quit.wait(self.every_s)

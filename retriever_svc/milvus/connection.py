@@ -14,6 +14,7 @@ coordinator retries it forever, so `create_index` never returns). There it is HN
 
 from __future__ import annotations
 
+import concurrent.futures
 import itertools
 import logging
 import threading
@@ -29,6 +30,7 @@ T = TypeVar("T")
 INDEX_TYPES = ("auto", "DISKANN", "HNSW")
 DEFAULT_TIMEOUT_S = 5.0          # one search or write; past it the retrieval ends UNAVAILABLE
 CONNECT_TIMEOUT_S = 10.0
+CALL_THREADS = 16                 # Milvus calls in flight at once per connection
 HNSW_BUILD = {"M": 16, "efConstruction": 200}
 _aliases = itertools.count()
 
@@ -68,6 +70,7 @@ class MilvusConnection:
         self.settings = settings
         self.alias = f"streamrag-{next(_aliases)}"
         self._lock = threading.Lock()
+        self._pool = concurrent.futures.ThreadPoolExecutor(CALL_THREADS, thread_name_prefix="milvus")
         self._connected = False
         self.server_version = ""
         self.index_type = "" if settings.index_type == "auto" else settings.index_type
@@ -94,10 +97,21 @@ class MilvusConnection:
             log.info("Milvus %s at %s: %s index", self.server_version, self.settings.uri, self.index_type)
         return self
 
-    def call(self, what: str, function: Callable[[], T]) -> T:
-        """Run one Milvus call; any Milvus or transport failure becomes RetrieverUnavailable."""
+    def call(self, what: str, function: Callable[[], T], timeout_s: float | None = None) -> T:
+        """Run one Milvus call; any Milvus or transport failure, or no answer within `timeout_s` (default: the
+        settings' for a search, four times it for a write), becomes RetrieverUnavailable.
+
+        pymilvus retries a call to a server that went away for much longer than the timeout it is given,
+        so the wait is bounded here: the call runs in a worker thread and is abandoned past the limit."""
         self.connect()
-        return self._translate(function, what)
+        limit = timeout_s or self.settings.timeout_s * 4
+        future = self._pool.submit(self._translate, function, what)
+        try:
+            return future.result(timeout=limit)
+        except concurrent.futures.TimeoutError:
+            future.cancel()
+            raise RetrieverUnavailable(f"Milvus at {self.settings.uri} did not answer {what} within {limit:g} s") \
+                from None
 
     def _translate(self, function: Callable[[], T], what: str) -> T:
         import grpc

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -23,9 +24,9 @@ INSTALL_HINT = "the embedded Milvus server needs the milvus extra: pip install -
 
 
 class EmbeddedMilvus:
-    """One embedded server on `port` (the next free one from there) with its data under `data_dir`."""
+    """One embedded server on `port` with its data under `data_dir`."""
 
-    def __init__(self, data_dir: Path, port: int = 19530) -> None:
+    def __init__(self, data_dir: Path, port: int = 19530, health_port: int | None = None) -> None:
         try:
             from milvus import MilvusServer
         except ImportError:
@@ -34,7 +35,13 @@ class EmbeddedMilvus:
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self._server = MilvusServer()
         self._server.set_base_dir(str(self.data_dir))
-        self._server.config.set("proxy_port", port)
+        # The proxy's port is exact (a restart must come back where its clients connect); the others are the next
+        # free ones. Probes set SO_REUSEADDR as Milvus's own listeners do, so a port a killed server left in
+        # TIME_WAIT counts as free (without it a restart moved to the next port).
+        self._server.config.configs["proxy_port"] = port
+        self._server.config.try_bind_port = _bind_reusing
+        if health_port is not None:            # /healthz and metrics (the next free port from 9091 otherwise)
+            self._server.webservice_port = health_port
         self._server.config.set("log.level", "warn")
         # Its graceful stop waits up to 30 minutes by default; past this it quits on its own.
         self._server.config.set("common.gracefulStopTimeout", SERVER_STOP_TIMEOUT_S)
@@ -79,12 +86,32 @@ class EmbeddedMilvus:
         self._server.stop()
 
 
+def _bind_reusing(port: int) -> socket.socket | None:
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind(("127.0.0.1", port))
+        sock.listen()
+        return sock
+    except OSError:
+        sock.close()
+        return None
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m retriever_svc.milvus.embedded", description=__doc__.split("\n")[0])
     parser.add_argument("--data", type=Path, required=True, help="data folder (kept between runs)")
-    parser.add_argument("--port", type=int, default=19530, help="the proxy's port (the next free one from here)")
+    parser.add_argument("--port", type=int, default=19530, help="the proxy's port (taken: the server fails)")
+    parser.add_argument("--health-port", type=int, default=None,
+                        help="its /healthz port; given, both ports are exact: taken, the server stops with an error "
+                             "(default: 9091 or the next free one)")
     args = parser.parse_args(argv)
-    server = EmbeddedMilvus(args.data, args.port).start()
+    server = EmbeddedMilvus(args.data, args.port, args.health_port).start()
+    moved = server.port != args.port or server._server.webservice_port != args.health_port
+    if args.health_port is not None and moved:
+        server.stop()
+        print(f"error: port {args.port} or {args.health_port} is taken", file=sys.stderr, flush=True)
+        return 1
     print(f"embedded Milvus on {server.uri} (data {args.data})", flush=True)
     stopping = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):

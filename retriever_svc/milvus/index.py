@@ -46,7 +46,8 @@ class MilvusIndex:
     def collection(self):
         """The pymilvus Collection, created, indexed and loaded if it is not yet."""
         if self._collection is None:
-            self._collection = self.connection.call(f"opening collection {self.name}", self._open)
+            self._collection = self.connection.call(f"opening collection {self.name}", self._open,
+                                                    self.connection.settings.timeout_s * 40)
         return self._collection
 
     def _open(self):
@@ -77,7 +78,7 @@ class MilvusIndex:
             return collection.search([np.asarray(vector, dtype=np.float32).tolist()], VECTOR,
                                      search_params(self.index_type, size), limit=k, timeout=timeout,
                                      consistency_level=consistency)[0]
-        hits = self.connection.call(f"searching {self.name}", run)
+        hits = self.connection.call(f"searching {self.name}", run, timeout)
         return [int(hit.id) for hit in hits], [max(0.0, 2.0 - 2.0 * float(hit.distance)) for hit in hits]
 
     def stages(self, vector: np.ndarray, k: int, schedule: Sequence[int]) -> Iterator[Stage]:
@@ -108,8 +109,8 @@ class MilvusIndex:
     def flush(self) -> None:
         """Seal the growing segments, so that the index is built over them."""
         collection = self.collection()
-        self.connection.call(f"flushing {self.name}",
-                             lambda: collection.flush(timeout=self.connection.settings.timeout_s * 12))
+        timeout = self.connection.settings.timeout_s * 12
+        self.connection.call(f"flushing {self.name}", lambda: collection.flush(timeout=timeout), timeout + 1)
 
     def count(self) -> int:
         collection = self.collection()
@@ -150,7 +151,7 @@ class MilvusIndex:
         from pymilvus import utility
 
         self.connection.call(f"waiting for {self.name}'s index", lambda: utility.wait_for_index_building_complete(
-            self.name, timeout=timeout_s, using=self.connection.alias))
+            self.name, timeout=timeout_s, using=self.connection.alias), timeout_s + 5)
 
     def drop(self) -> None:
         from pymilvus import utility
@@ -159,5 +160,5 @@ class MilvusIndex:
             if utility.has_collection(self.name, using=self.connection.alias):
                 utility.drop_collection(self.name, timeout=self.connection.settings.timeout_s * 6,
                                         using=self.connection.alias)
-        self.connection.call(f"dropping {self.name}", run)
+        self.connection.call(f"dropping {self.name}", run, self.connection.settings.timeout_s * 6 + 1)
         self._collection = None

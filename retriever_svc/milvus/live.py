@@ -16,6 +16,7 @@ collection created again under an old name never meets the old one's vectors.
 
 from __future__ import annotations
 
+import contextlib
 import re
 import threading
 import uuid
@@ -56,10 +57,8 @@ class MilvusLiveIndex:
         self._size = store.counts()[1]
         self._unsealed = 0                 # rows inserted since the last flush
         self.out_of_step = True            # reconciled at the first merge (and after any failed write)
-        try:
+        with contextlib.suppress(RetrieverUnavailable):   # Milvus down: the background merger retries
             self.merge()
-        except RetrieverUnavailable:       # serve what the store has once Milvus answers; the merger retries
-            pass
 
     @property
     def size(self) -> int:

@@ -94,6 +94,9 @@ def add_up_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--index", type=Path, default=d.index,
                         help="ANNS index directory, built from --corpus-root if missing "
                              "(default: <cache>/index/python-3.11-docs for the default corpus)")
+    parser.add_argument("--anns-backend", choices=["diskannpy", "milvus"], default=d.anns_backend,
+                        help="where the ANNS retriever searches: diskannpy (in its process) or milvus (an embedded "
+                             "Milvus server the stack starts; needs the milvus extra, docs/documents.md)")
     parser.add_argument("--port-offset", type=int, default=d.port_offset,
                         help="add this to every default port (gRPC, metrics, corpus, Redis) to run beside another "
                              "stack; `streamrag ask --orchestrator 127.0.0.1:<50051+offset>` then")

@@ -28,7 +28,8 @@ MAX_REPLICAS = 9                      # inference ports 50052..50060; the ANNS r
 CLI = [sys.executable, "-m", "streamrag.cli"]
 # How each kind of service is checked (servicekit.health): grpc.health.v1 Check, an HTTP 200, or a Redis PING.
 CHECKS = {"redis": "redis", "corpus": "http", "retriever": "grpc", "inference": "grpc", "orchestrator": "grpc",
-          "gateway": "http"}
+          "gateway": "http", "milvus": "http"}
+MILVUS_PORT, MILVUS_HEALTH_PORT = 19530, 9091   # the embedded Milvus (--anns-backend milvus): proxy, /healthz
 REPLAY_PORT = 50063                   # the replay retriever's default port (retriever_svc.server_args.default_port)
 
 
@@ -51,6 +52,7 @@ class StackOptions:
     port_offset: int = 0
     free_ports: bool = False           # every port one the kernel picks (tests, or beside anything)
     timeout: float = 300.0             # seconds every service gets to become healthy
+    anns_backend: str = "diskannpy"    # milvus: an embedded Milvus server (data in <run-dir>/milvus) holds the vectors
     run_dir: Path | None = None        # None: $STREAMRAG_RUN_DIR or <cache>/run
 
     @classmethod
@@ -159,10 +161,19 @@ def plan_stack(options: StackOptions, index_dir: Path, redis_port: int,
     corpus = Service("corpus", "corpus", corpus_url, [
         *serve, "corpus", "--root", str(options.corpus_root), "--host", HOST, "--port", str(port("corpus")),
         "--latency", options.latency], ports=[port("corpus")])
+    milvus: list[Service] = []
+    anns_backend: list[str] = []
+    if options.anns_backend == "milvus":
+        proxy = pick(("milvus", 0), MILVUS_PORT + offset)
+        health = pick(("milvus health", 0), MILVUS_HEALTH_PORT + offset)
+        milvus = [Service("milvus", "milvus", f"http://{HOST}:{health}/healthz", [
+            sys.executable, "-m", "retriever_svc.milvus.embedded", "--data", "milvus", "--port", str(proxy),
+            "--health-port", str(health)], ports=[proxy, health])]
+        anns_backend = ["--backend", "milvus", "--milvus-uri", f"http://{HOST}:{proxy}"]
     anns = Service("anns", "retriever", f"{HOST}:{port('anns')}", [
         *serve, "retriever", "--kind", "anns", "--index", str(index_dir), "--build-from", str(options.corpus_root),
-        *grpc_flags("anns")],
-        ports=[port("anns"), metrics("anns")])
+        *anns_backend, *grpc_flags("anns")],
+        needs=[s.name for s in milvus], ports=[port("anns"), metrics("anns")])
     model = ["--model", str(options.model)] if options.model else []
     inference = [Service(f"inference-{i}", "inference", f"{HOST}:{port('inference', i)}", [
         *serve, "inference", *grpc_flags("inference", i), "--policy", options.policy, "--dtype", options.dtype,
@@ -172,7 +183,7 @@ def plan_stack(options: StackOptions, index_dir: Path, redis_port: int,
     crawler = Service("crawler", "retriever", f"{HOST}:{port('crawler')}", [
         *serve, "retriever", "--kind", "crawler", "--start-url", corpus_url, *grpc_flags("crawler")],
         needs=["corpus"], ports=[port("crawler"), metrics("crawler")])
-    services = [redis, corpus, anns, *inference, crawler]    # the slow loaders (ANNS, inference) start first
+    services = [redis, corpus, *milvus, anns, *inference, crawler]    # the slow loaders (ANNS, inference) start first
     orchestrator = Service("orchestrator", "orchestrator", f"{HOST}:{port('orchestrator')}", [
         *serve, "orchestrator", *grpc_flags("orchestrator"), "--redis", redis.target,
         *[flag for s in inference for flag in ("--inference", s.target)],

@@ -39,7 +39,7 @@ import pytest
 from servicekit.health import check_health
 from servicekit.tls import TlsFiles
 
-pytestmark = pytest.mark.compose
+pytestmark = [pytest.mark.compose, pytest.mark.timeout(3600)]   # the images build in the fixture
 
 ROOT = Path(__file__).resolve().parents[2]
 PROJECT = "streamrag-suite"

@@ -59,7 +59,7 @@ def ask(start, end, ok=True, code="", retrieved=("anns",), replica="r0", request
 
 def summary(asks, records, lost=(), calls=()):
     answers = report.compare_answers([], asks)
-    return report.summarize(list(asks), list(calls), records, list(lost), {"inference-0": {}}, answers,
+    return report.summarize(list(asks), list(calls), records, list(lost), {"inference-0": {"held": {}}}, answers,
                             {"inference-0": "r0", "inference-1": "r1"}, 0.0, 200.0, {})
 
 

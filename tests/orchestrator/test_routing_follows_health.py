@@ -68,8 +68,8 @@ class Replica:
         self.start()
 
     def start(self) -> None:
-        self.handle = start_inference_service("native", self.model_dir, port=self.port, max_streams=8,
-                                              dtype="float32", extra_args=["--kv-device-blocks", "128"])
+        self.handle = start_inference_service("native", self.model_dir, port=self.port, max_streams=8, dtype="float32",
+                                              extra_args=["--kv-device-blocks", "128", "--max-model-len", "2048"])
         until(lambda: serving(self.address), f"replica {self.address} SERVING")
 
     def kill(self) -> None:
@@ -95,13 +95,15 @@ class ReplayRetriever:
         self.argv = [sys.executable, "-m", "streamrag.cli", "serve", "retriever", "--kind", "replay",
                      "--trace", str(trace), "--host", "127.0.0.1", "--port", str(self.port), "--metrics-port", "-1"]
         self.process: subprocess.Popen | None = None
+        self.log = trace.with_suffix(".log")
         self.start()
 
     def start(self) -> None:
-        self.process = subprocess.Popen(self.argv, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                                        env={**os.environ, "HF_HUB_OFFLINE": "1"})
+        with self.log.open("a") as log:
+            self.process = subprocess.Popen(self.argv, cwd=REPO, stdout=log, stderr=subprocess.STDOUT,
+                                            env={**os.environ, "HF_HUB_OFFLINE": "1"})
         until(lambda: self.process.poll() is not None or serving(self.address), f"retriever {self.address} SERVING")
-        assert self.process.poll() is None, "the replay retriever exited"
+        assert self.process.poll() is None, f"the replay retriever exited:\n{self.log.read_text()[-2000:]}"
 
     def kill(self) -> None:
         self.process.kill()
@@ -120,9 +122,13 @@ class Orchestrator:
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, name="faults-orchestrator", daemon=True)
         self.thread.start()
-        self.service = OrchestratorService(ServiceConfig("orchestrator", port=0, metrics_port=None, grace_s=0),
-                                           redis_url=redis_url, inference=replicas, retrievers=retrievers)
-        port = self.run(self.service.start(handle_signals=False))
+
+        async def start() -> int:          # built in its loop: a grpc.aio server belongs to one
+            self.service = OrchestratorService(ServiceConfig("orchestrator", port=0, metrics_port=None, grace_s=0),
+                                               redis_url=redis_url, inference=replicas, retrievers=retrievers)
+            return await self.service.start(handle_signals=False)
+
+        port = self.run(start())
         self.channel = grpc.insecure_channel(f"127.0.0.1:{port}")
         self.stub = orchestrator_pb2_grpc.OrchestratorStub(self.channel)
 
@@ -162,6 +168,7 @@ def errors(events: list) -> list[str]:
             if e.WhichOneof("kind") == "lifecycle" and e.lifecycle.kind == common_pb2.LIFECYCLE_EVENT_KIND_ERROR]
 
 
+@pytest.mark.timeout(900)   # replicas load a model at every start
 def test_a_replica_killed_and_started_again_serves_the_next_ask_every_time(embedded_model_dir, tmp_path, stopper):
     redis_server = PrivateRedis(tmp_path)
     stopper.append(redis_server)
@@ -178,6 +185,7 @@ def test_a_replica_killed_and_started_again_serves_the_next_ask_every_time(embed
         assert done.answer == before.answer
 
 
+@pytest.mark.timeout(900)   # replicas load a model at every start
 def test_a_retriever_killed_and_started_again_serves_the_next_ask_every_time(embedded_model_dir, tmp_path,
                                                                              stopper):
     redis_server = PrivateRedis(tmp_path)
@@ -192,13 +200,16 @@ def test_a_retriever_killed_and_started_again_serves_the_next_ask_every_time(emb
     assert [d.id for d in before.sources] == ["f1", "f2"]
     for _ in range(ROUNDS):
         retriever.kill()
+        events, during = orchestrator.ask(REPLAY)     # answered without it; its channel now backs off
+        assert errors(events) and not during.sources
         retriever.start()                # same port; returns once its health says SERVING
-        events, done = orchestrator.ask(REPLAY)
+        events, done = orchestrator.ask(REPLAY)       # at once
         assert errors(events) == []      # no "retriever replay: ..." ERROR: it was used
         assert [d.id for d in done.sources] == ["f1", "f2"]
         assert done.answer == before.answer
 
 
+@pytest.mark.timeout(900)   # replicas load a model at every start
 def test_redis_killed_and_started_again_keeps_every_record_and_serves_the_next_ask(embedded_model_dir, tmp_path,
                                                                                  stopper):
     redis_server = PrivateRedis(tmp_path, persist=True)          # what it acknowledged survives a restart
@@ -237,6 +248,7 @@ def test_redis_killed_and_started_again_keeps_every_record_and_serves_the_next_a
     raw.close()
 
 
+@pytest.mark.timeout(900)   # replicas load a model at every start
 def test_a_replica_stopped_mid_ask_is_failed_over_within_the_deadline(embedded_model_dir, tmp_path, stopper):
     redis_server = PrivateRedis(tmp_path)
     stopper.append(redis_server)

@@ -20,6 +20,7 @@ pytest.importorskip("milvus")
 pytest.importorskip("pymilvus")
 
 from protos import retriever_pb2 as pb  # noqa: E402
+from protos import retriever_pb2_grpc  # noqa: E402
 from retriever_svc.collections.registry import CollectionRegistry, DefaultCollection  # noqa: E402
 from retriever_svc.milvus.backend import MilvusAnnsBackend  # noqa: E402
 from retriever_svc.milvus.bundled import MilvusBundledIndex  # noqa: E402
@@ -43,7 +44,6 @@ from tests.retriever.test_collections import (  # noqa: E402
     infos,
     write,
 )
-from protos import retriever_pb2_grpc  # noqa: E402
 
 SCHEDULE = (4, 16, 64)
 
@@ -133,7 +133,8 @@ async def test_milvus_down_is_unavailable_and_a_restart_loses_no_acknowledged_fi
     async with serving(milvus, tiny_index, tmp_path / "collections", timeout_s=3.0) as (stubs, registry):
         await stubs.collections.CreateCollection(pb.CreateCollectionRequest(name="notes"))
         # Files added one after another while searches run; each answered one is acknowledged.
-        files = [write(docs / f"part{i}.md", f"# Part {i}\n\nThe number of part {i} is {i * 7919}.\n") for i in range(12)]
+        files = [write(docs / f"part{i}.md", f"# Part {i}\n\nThe number of part {i} is {i * 7919}.\n")
+                 for i in range(12)]
 
         async def search_all_along(stop: asyncio.Event) -> None:
             while not stop.is_set():

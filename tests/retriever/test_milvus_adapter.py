@@ -18,21 +18,21 @@ import pytest
 
 pytest.importorskip("pymilvus")
 
-from pymilvus import MilvusException  # noqa: E402
+from pymilvus import MilvusException
 
-from protos import retriever_pb2 as pb  # noqa: E402
-from protos import retriever_pb2_grpc  # noqa: E402
-from retriever_svc.collections.collection import Added, Collection  # noqa: E402
-from retriever_svc.collections.registry import CollectionRegistry, DefaultCollection  # noqa: E402
-from retriever_svc.corpus.passages import approx_tokens  # noqa: E402
-from retriever_svc.milvus import index as milvus_index  # noqa: E402
-from retriever_svc.milvus.backend import MilvusAnnsBackend, build_backend  # noqa: E402
-from retriever_svc.milvus.connection import MilvusConnection, MilvusSettings, max_search_list  # noqa: E402
-from retriever_svc.milvus.live import MilvusLiveIndex  # noqa: E402
-from retriever_svc.server import build_runner  # noqa: E402
-from retriever_svc.service import RetrieverUnavailable  # noqa: E402
-from servicekit.config import ServiceConfig  # noqa: E402
-from tests.retriever.test_collections import fake_content, fake_embed  # noqa: E402
+from protos import retriever_pb2 as pb
+from protos import retriever_pb2_grpc
+from retriever_svc.collections.collection import Added, Collection
+from retriever_svc.collections.registry import CollectionRegistry, DefaultCollection
+from retriever_svc.corpus.passages import approx_tokens
+from retriever_svc.milvus import index as milvus_index
+from retriever_svc.milvus.backend import MilvusAnnsBackend, build_backend
+from retriever_svc.milvus.connection import MilvusConnection, MilvusSettings, max_search_list
+from retriever_svc.milvus.live import MilvusLiveIndex
+from retriever_svc.server import build_runner
+from retriever_svc.service import RetrieverUnavailable
+from servicekit.config import ServiceConfig
+from tests.retriever.test_collections import fake_content, fake_embed
 
 
 class FakeMilvusCollection:
@@ -155,7 +155,7 @@ def test_a_live_collection_mirrors_its_store_in_milvus_through_adds_removes_and_
     connection.down(True)                      # Milvus goes away: the write is committed, the call says so
     with pytest.raises(RetrieverUnavailable, match="committed to the collection"):
         collection.add_file("late.md", fake_content("late.md", 0), approx_tokens, fake_embed)
-    with pytest.raises(RetrieverUnavailable, match="milvus.invalid"):
+    with pytest.raises(RetrieverUnavailable, match=r"milvus\.invalid"):
         list(collection.stages(vectors[0], 3, (4, 16), 4))
     assert collection.index.needs_merge()
     with pytest.raises(RetrieverUnavailable):
@@ -222,8 +222,9 @@ async def test_retrieve_streams_staged_updates_and_ends_unavailable_when_milvus_
 
 
 def test_serve_refuses_a_missing_or_unreachable_milvus_with_one_line(tmp_path):
-    from retriever_svc.server_args import add_retriever_args
     import argparse
+
+    from retriever_svc.server_args import add_retriever_args
 
     parser = argparse.ArgumentParser()
     add_retriever_args(parser)

@@ -39,6 +39,7 @@ LIMIT = CONTEXT - 1               # room for one generated token
 HEAD = [seg("<|im_start|>user\nQuestion: how do I read a file in Python?\nDocuments:\n")]
 SUFFIX = [seg("<|im_end|>\n<|im_start|>assistant\n")]
 BACKENDS = ["native", pytest.param("vllm", marks=pytest.mark.vllm)]
+pytestmark = pytest.mark.timeout(900)   # the first test also waits for vLLM's start (minutes on a loaded machine)
 VLLM_PYTHON = "/opt/vllm-venv/bin/python"
 
 
