@@ -10,7 +10,8 @@ prompt arrives (greedy, one token). Measured per run:
   long prompt that stays is prefilled; p50, p99;
 - cancel latency: from the cancel to its abort applied (the request finished, its blocks free), and how
   many steps ran in between;
-- the new request's TTFT: from its arrival to its first token.
+- the new request's TTFT: from its arrival to its first token;
+- what bounded steps cost: tokens computed per second of step time over the same steps.
 Each arm runs the seeds on one engine (its online refit carries on across them), after one warm-up.
 The cost model is the profile given for each dtype (`--profile-dir`, measured with `streamrag profile`),
 else the cache's, else the built-in estimate; the JSON names which. Rows are the median over seeds with
@@ -20,7 +21,7 @@ the min-max spread.
         --raw /tmp/steps-bench --json docs/results/steps.json
 
 writes `{"config": {...}, "rows": [{"dtype", "arm", "target_ms", "token_budget", "step_ms_p50",
-"step_ms_p99", "cancel_ms", "cancel_steps", "new_ttft_ms", "budget_p50", "cost_model"}, ...]}` (each
+"step_ms_p99", "cancel_ms", "cancel_steps", "new_ttft_ms", "budget_p50", "tokens_per_s", "cost_model"}, ...]}` (each
 figure `{"median", "min", "max"}` over the seeds) and the per-run rows under `--raw`.
 """
 
@@ -164,6 +165,7 @@ class Driver:
             "cancel_ms": (run.cancel_done - run.cancel_at) * 1e3, "cancel_steps": run.cancel_steps,
             "new_ttft_ms": (run.first_token - run.arrive_at) * 1e3,
             "budget_p50": statistics.median(b for _, _, b in run.steps),
+            "tokens_per_s": sum(n for _, n, _ in run.steps) / sum(step_ms) * 1e3,
         }
 
     def warm_up(self) -> None:
@@ -243,7 +245,7 @@ def summary_row(runs: list[dict], dtype: str, arm: str, target: float | None, bu
 
     row: dict[str, Any] = {"dtype": dtype, "arm": arm, "target_ms": target, "token_budget": budget,
                            "cost_model": "built-in" if source == "built-in" else Path(source).name}
-    for key in ("step_ms_p50", "step_ms_p99", "cancel_ms", "new_ttft_ms", "budget_p50"):
+    for key in ("step_ms_p50", "step_ms_p99", "cancel_ms", "new_ttft_ms", "budget_p50", "tokens_per_s"):
         row[key] = {k: round(v, 1) for k, v in spread([r[key] for r in runs]).items()}
     row["cancel_steps"] = max(r["cancel_steps"] for r in runs)
     return row
@@ -252,10 +254,10 @@ def summary_row(runs: list[dict], dtype: str, arm: str, target: float | None, bu
 def table(rows: list[dict]) -> str:
     fmt = lambda s: f"{s['median']:.0f} ({s['min']:.0f}-{s['max']:.0f})"  # noqa: E731
     lines = ["| dtype | budget | step p50 ms | step p99 ms | cancel ms | steps to cancel | new TTFT ms | "
-             "budget p50 |", "|---|---|---:|---:|---:|---:|---:|---:|"]
+             "budget p50 | tokens/s |", "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
         arm = f"fixed {r['token_budget']}" if r["arm"] == "fixed" else f"{r['target_ms']:g} ms target"
         lines.append(f"| {r['dtype']} | {arm} | {fmt(r['step_ms_p50'])} | {fmt(r['step_ms_p99'])} | "
                      f"{fmt(r['cancel_ms'])} | {r['cancel_steps']} | {fmt(r['new_ttft_ms'])} | "
-                     f"{fmt(r['budget_p50'])} |")
+                     f"{fmt(r['budget_p50'])} | {fmt(r['tokens_per_s'])} |")
     return "\n".join(lines)

@@ -21,7 +21,11 @@ import grpc
 from servicekit.auth import bearer_aio_interceptors
 from servicekit.tls import TlsFiles
 
-RECONNECT_OPTIONS = (("grpc.initial_reconnect_backoff_ms", 500), ("grpc.max_reconnect_backoff_ms", 2000))
+# `min_reconnect_backoff_ms` is gRPC's timeout of one connection attempt (20 s by default): an
+# attempt that hangs (a peer that accepts but does not answer yet) is given up after 2 s and tried
+# again, instead of keeping a peer that is back unused for up to 20 s.
+RECONNECT_OPTIONS = (("grpc.initial_reconnect_backoff_ms", 500), ("grpc.max_reconnect_backoff_ms", 2000),
+                     ("grpc.min_reconnect_backoff_ms", 2000))
 # The longest a channel to a peer that is back waits before it dials again: the back-off cap
 # plus gRPC's 20 % jitter. A caller that waits for a channel to be ready waits at least this.
 RECONNECT_WITHIN_S = 2.0 * 1.2

@@ -78,6 +78,7 @@ class HandOff:
         self.finishing = False                   # finish arrived: ship the tail, then hand off
         self.stopped = False                     # no more shipping (handed off or fallen back)
         self.local_alive = False
+        self.local_aborted = False               # the hand-off freed the local request (its end is not the call's)
         self.prompt: list[int] = []
         self.local_stats: RequestStats | None = None
         # event-loop state
@@ -148,6 +149,7 @@ class HandOff:
             self.local_stats = copy.copy(request.stats)
             self.stopped = True
             self.local_alive = False
+            self.local_aborted = True            # set before the abort's events exist: the relay drops them
             self.tail_ready_at = time.perf_counter()
             self._put(("finish",))
             engine.abort(self.local_id)          # frees this side's blocks
@@ -305,15 +307,15 @@ class HandOff:
         forced = len(self.relayed) if local_id == self.fallback_id else 0
         while True:
             item = await events.get()
+            handed_off = local_id == self.local_id and self.local_aborted
             if isinstance(item, EngineEvent):
-                ours = self.fallen_back
-                if item.kind is EventKind.FINISHED and not ours:
+                if item.kind is EventKind.FINISHED and (handed_off or not self.fallen_back):
                     continue
                 if item.kind is EventKind.FIRST_TOKEN and self.relayed and local_id == self.fallback_id:
                     continue
                 self.client.put_nowait(dataclasses.replace(item, request_id=self.request_id))
             elif isinstance(item, RequestSummary):
-                if self.fallen_back:
+                if self.fallen_back and not handed_off:
                     if local_id == self.fallback_id:
                         outputs = tuple(self.relayed[:forced]) + item.output_token_ids
                         item = dataclasses.replace(item, prompt_tokens=len(self.prompt), output_token_ids=outputs)

@@ -6,8 +6,9 @@ A request runs as a sequence of vLLM submissions ("incarnations"):
   context and samples one token that vLLM discards before the next turn; the `finish` suffix
   is the final turn, sampled with the caller's parameters, and only its tokens are the answer.
   vLLM runs a session's turns one after another, each at least one engine step, so chunks
-  that arrive while a turn runs are held and sent together as one turn when it ends (500
-  one-token appends: a few turns, not 500 steps); `finish` takes whatever is held with it.
+  appended while a turn runs are held and sent together as one turn when it ends (500
+  one-token appends: a few turns, not 500 steps); `finish` takes whatever is held with it, an
+  update sends it at once.
 - An `update` that changes tokens already submitted aborts the incarnation and submits the
   new prompt as a new session; vLLM's prefix cache serves the common prefix (whole blocks).
   Unless it is the final refinement, only its stable prefix is submitted (the head and the leading
@@ -127,7 +128,7 @@ class VllmRequest:
             self.stats.tokens_invalidated += self._submitted - lcp
             self._emit(EventKind.INVALIDATED, count=self._submitted - lcp)
             self._stop_incarnation()
-        self._submit_up_to(ahead)
+        self._submit_up_to(ahead, wait=False)   # a refinement goes at once (only appends are coalesced)
 
     def finish(self, segments, arrived_at: float) -> None:
         self.prompt.finish(segments)
@@ -191,19 +192,20 @@ class VllmRequest:
         self._final_turn = None
         self._launch(self._session(self._inputs), len(first))
 
-    def _submit_up_to(self, end: int) -> None:
+    def _submit_up_to(self, end: int, wait: bool = True) -> None:
         """Send the prompt's tokens up to `end` that vLLM does not have yet: a new session, or the
-        next turn of the running one; while a turn runs they are held for the next (`_send_held`)."""
+        next turn of the running one. With `wait`, while a turn runs they are held for the next one
+        (`_send_held`); an update sends its turn at once, behind the running one, as before."""
         if self._inputs is None:
             if end > self._submitted:
                 self._start_session(self.prompt.tokens[:end])
             return
         self._held_until = end            # the latest input says how far ahead to go (an update may say less)
-        if self._turns_done == self._turns_sent:
+        if not wait or self._turns_done == self._turns_sent:
             self._send_held()
 
     def _send_held(self) -> None:
-        """The held tokens as one turn (called when no turn is in flight)."""
+        """The held tokens as one turn."""
         if self._inputs is None or self._final_turn is not None or self._held_until <= self._submitted:
             return
         tokens = self.prompt.tokens[self._submitted:self._held_until]

@@ -10,6 +10,7 @@ can be told to fail as a Milvus that is down does.
 from __future__ import annotations
 
 import re
+import time
 from types import SimpleNamespace
 
 import grpc
@@ -44,8 +45,10 @@ class FakeMilvusCollection:
         self.searches: list[dict] = []
         self.flushes = 0
         self.down = False
+        self.delay_s = 0.0
 
     def _check(self) -> None:
+        time.sleep(self.delay_s)
         if self.down:
             raise MilvusException(2, "Fail connecting to server on 127.0.0.1:1, illegal connection params or server "
                                      "unavailable")
@@ -238,3 +241,15 @@ def test_serve_refuses_a_missing_or_unreachable_milvus_with_one_line(tmp_path):
     args.milvus_timeout = 1.0
     with pytest.raises(SystemExit, match=r"error: Milvus at http://127.0.0.1:9 failed connecting"):
         build_backend(args)
+
+
+def test_a_milvus_slower_than_the_timeout_ends_the_search_unavailable(monkeypatch):
+    connection = MilvusConnection(MilvusSettings("http://slow.invalid:19530", "HNSW", timeout_s=0.2))
+    monkeypatch.setattr(connection, "connect", lambda: connection)
+    collection = FakeMilvusCollection("HNSW")
+    monkeypatch.setattr(milvus_index.MilvusIndex, "_open", lambda index: collection)
+    index = milvus_index.MilvusIndex(connection, "c")
+    index.insert([1, 2], np.stack([unit(1), unit(2)]))
+    collection.delay_s = 2.0                   # pymilvus would keep retrying a server that went away
+    with pytest.raises(RetrieverUnavailable, match=r"did not answer searching c within 0\.2 s"):
+        index.search(unit(1), 1, 16)
