@@ -7,6 +7,10 @@ calls find the same warm prefix cache. Greedy decoding: both calls generate the 
 Per pair, measured by this client:
 
     ttft_added_s          gateway TTFT - gRPC TTFT (from the call to the first answer token)
+    ttft_added_outside_s  the same, less each request's own TTFT inside the orchestrator (AskDone's
+                          ttft_from_question_s; the gateway's `streamrag` extension carries it): what
+                          each path adds outside the orchestrator, free of retrieval's and the
+                          engine's variance from one call to the next
     per_token_added_s     the mean gap between answer tokens through the gateway - over gRPC
 
 Then, per seed, the locust user class of load_tests/locust_gateway.py (streamed chat
@@ -81,10 +85,11 @@ def read_questions(path: str | Path) -> list[str]:
     return [line for line in lines if line and not line.startswith("#")]
 
 
-def _timing(started: float, token_times: list[float]) -> dict[str, float]:
+def _timing(started: float, token_times: list[float], service_ttft_s: float) -> dict[str, float]:
     gaps = [b - a for a, b in itertools.pairwise(token_times)]
-    return {"ttft_s": token_times[0] - started if token_times else float("nan"),
-            "per_token_s": statistics.fmean(gaps) if gaps else float("nan"), "tokens": len(token_times)}
+    ttft = token_times[0] - started if token_times else float("nan")
+    return {"ttft_s": ttft, "per_token_s": statistics.fmean(gaps) if gaps else float("nan"),
+            "tokens": len(token_times), "service_ttft_s": service_ttft_s, "outside_s": ttft - service_ttft_s}
 
 
 class Clients:
@@ -109,21 +114,27 @@ class Clients:
         request = orchestrator_pb2.AskRequest(question=question, retriever=RETRIEVERS[self.retriever],
                                               max_tokens=max_tokens or self.max_tokens,
                                               sampling=common_pb2.SamplingParams(temperature=0))
-        started, token_times = time.perf_counter(), []
+        started, token_times, service_ttft = time.perf_counter(), [], float("nan")
         for response in self.stub.Ask(request, timeout=600, metadata=self.metadata):
-            if response.event.WhichOneof("kind") == "token":
+            kind = response.event.WhichOneof("kind")
+            if kind == "token":
                 token_times.append(time.perf_counter())
-        return _timing(started, token_times)
+            elif kind == "done":
+                service_ttft = response.event.done.ttft_from_question_s
+        return _timing(started, token_times, service_ttft)
 
     def ask_gateway(self, question: str) -> dict[str, float]:
         started, token_times = time.perf_counter(), []
         stream = self.openai.chat.completions.create(
             model=RAG_MODEL, stream=True, max_tokens=self.max_tokens, temperature=0,
             messages=[{"role": "user", "content": question}], extra_body={"retrieval": {"retriever": self.retriever}})
+        service_ttft = float("nan")
         for chunk in stream:
             if chunk.choices and chunk.choices[0].delta.content:
                 token_times.append(time.perf_counter())
-        return _timing(started, token_times)
+            if (chunk.model_extra or {}).get("streamrag"):
+                service_ttft = chunk.model_extra["streamrag"]["ttft_from_question_s"]
+        return _timing(started, token_times, service_ttft)
 
     def close(self) -> None:
         self.channel.close()
@@ -141,11 +152,12 @@ def run_seed(clients: Clients, questions: list[str], seed: int, count: int) -> d
             gateway_run, grpc_run = clients.ask_gateway(question), clients.ask_grpc(question)
         pairs.append({"question": question, "grpc": grpc_run, "gateway": gateway_run,
                       "ttft_added_s": gateway_run["ttft_s"] - grpc_run["ttft_s"],
+                      "ttft_added_outside_s": gateway_run["outside_s"] - grpc_run["outside_s"],
                       "per_token_added_s": gateway_run["per_token_s"] - grpc_run["per_token_s"]})
         say(f"seed {seed} [{i + 1}/{len(chosen)}] TTFT grpc {grpc_run['ttft_s'] * 1000:7.1f} ms, gateway "
             f"{gateway_run['ttft_s'] * 1000:7.1f} ms ({pairs[-1]['ttft_added_s'] * 1000:+.1f} ms)")
     summary: dict[str, Any] = {"seed": seed, "pairs": pairs}
-    for key in ("ttft_added_s", "per_token_added_s"):
+    for key in ("ttft_added_s", "ttft_added_outside_s", "per_token_added_s"):
         values = [p[key] for p in pairs if p[key] == p[key]]         # NaN when an answer had < 2 tokens
         summary[key] = {"p50": percentile(values, 50), "p99": percentile(values, 99)}
     for side in ("grpc", "gateway"):
@@ -225,7 +237,7 @@ def run_bench_gateway(args: argparse.Namespace) -> int:
         "machine": {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count()},
         "gateway": args.gateway, "orchestrator": args.orchestrator, "retriever": args.retriever,
         "questions_per_seed": args.questions, "max_tokens": args.max_tokens, "seeds": args.seeds}
-    for key in ("ttft_added_s", "per_token_added_s"):
+    for key in ("ttft_added_s", "ttft_added_outside_s", "per_token_added_s"):
         result[key] = {q: spread([run[key][q] for run in runs]) for q in ("p50", "p99")}
     for key in ("grpc_ttft_s", "gateway_ttft_s"):
         result[key] = {"p50": spread([run[key]["p50"] for run in runs])}
@@ -239,7 +251,9 @@ def run_bench_gateway(args: argparse.Namespace) -> int:
     result["kv_blocks_all_free"] = all(run["kv_blocks_after"]["all_free"] for run in runs)
     result["runs"] = runs
     print(f"{'quantity':28s} {'p50 (median of seeds)':>22s} {'p99 (median of seeds)':>22s}")
-    for key, label in (("ttft_added_s", "TTFT added by the gateway"), ("per_token_added_s", "per-token overhead")):
+    for key, label in (("ttft_added_s", "TTFT added by the gateway"),
+                       ("ttft_added_outside_s", "  outside the orchestrator"),
+                       ("per_token_added_s", "per-token overhead")):
         p50, p99 = (result[key][q]["median"] * 1000 for q in ("p50", "p99"))
         print(f"{label:28s} {p50:19.2f} ms {p99:19.2f} ms")
     print(f"TTFT p50 over gRPC {result['grpc_ttft_s']['p50']['median'] * 1000:.2f} ms, through the gateway "

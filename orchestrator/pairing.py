@@ -24,7 +24,7 @@ from orchestrator.router import NoReplicaAvailable, Replica, ReplicaRouter
 
 log = logging.getLogger(__name__)
 
-# The StreamPrompt metadata naming the decode side (the same string as inference_svc.disagg.wire's:
+# The StreamPrompt metadata naming the decode side (the same string as inference_svc.options.DECODE_TARGET_KEY:
 # the orchestrator reaches the inference service only through its contract).
 DECODE_TARGET_KEY = "streamrag-decode-target"
 PREFILL_ROLES = frozenset({"prefill", "both"})

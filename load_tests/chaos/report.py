@@ -6,12 +6,13 @@ Times in the report are seconds since the soak started. Per fault:
   charged to the latest fault that started before it ended;
 - `failed_after_healthy`: failed asks that started after the service was healthy again and before
   the next fault, outside every window (the target is 0);
-- `recovery_s`: from the signal to the start of the first probe ask answered with the service's
-  part (a retriever: its chunks arrived; anything else: any answer), i.e. until asks succeed
-  again (workload.RecoveryProbe asks one after another from the signal on); `first_answer_s` to
-  that ask's answer; `users_recovery_s` the same read off the users' asks (it also waits for a
-  user to be free); for a replica also `reused_s`, to the start of the first successful ask
-  served by that replica;
+- `recovery_s`: from the signal to the answer of the first probe ask answered with the service's
+  part (a retriever: its chunks arrived; anything else: any answer): "kill to the first successful
+  ask" (workload.RecoveryProbe asks one short question after another from the signal on, each
+  waiting for an orchestrator it cannot reach yet, so it includes one ask's own time);
+  `probe_start_s` to that ask's start; `users_recovery_s` to the start of the first user ask that
+  succeeded (it also waits for a user to be free); for a replica also `reused_s`, to the start of
+  the first successful ask served by that replica;
 - `degraded`: asks answered in the window without the context of a retriever they asked for;
 - `lost_events`: shortfalls of acknowledged asks that ended in the window or up to 5 s before it;
 - `session_failed`: the ingesting session's calls that failed in the window.
@@ -129,8 +130,8 @@ def fault_rows(faults: list[FaultRecord], asks: list[AskOutcome], calls: list[Ca
             "hung": sum(a.hung for a in failed),
             "failure_codes": dict(sorted(_count(a.code for a in failed).items())),
             "failed_after_healthy": len(after),
-            "recovery_s": round(fault.probe_ok - lo, 2) if fault.probe_ok else None,
-            "first_answer_s": round(fault.probe_answered - lo, 2) if fault.probe_answered else None,
+            "recovery_s": round(fault.probe_answered - lo, 2) if fault.probe_answered else None,
+            "probe_start_s": round(fault.probe_ok - lo, 2) if fault.probe_ok else None,
             "users_recovery_s": round(first.start - lo, 2) if first else None,
             "degraded": sum(degraded(a) for a in mine),
             "lost_events": sum(x.count for x in lost if lo - LOSS_LEAD_S <= x.t_end <= hi),

@@ -8,7 +8,7 @@ from __future__ import annotations
 import statistics
 
 FAULT_FIELDS = ("action", "target", "at_s", "down_s", "in_flight_at_signal", "asks_in_window", "failed", "hung",
-                "failed_after_healthy", "recovery_s", "first_answer_s", "users_recovery_s", "reused_s", "degraded",
+                "failed_after_healthy", "recovery_s", "probe_start_s", "users_recovery_s", "reused_s", "degraded",
                 "lost_events", "session_failed", "failure_codes", "error")
 TOTAL_FIELDS = ("asks", "answered", "failed", "success_rate", "hung", "failures_outside_windows",
                 "failed_after_healthy", "max_recovery_s", "lost_events", "leaked_blocks", "answers_differ",

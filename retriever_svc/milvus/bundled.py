@@ -42,6 +42,10 @@ class MilvusBundledIndex(AnnsIndex):
             report(f"uploaded {inserted} vectors; building the {connection.index_type} index")
             self.milvus.flush()
         self.milvus.wait_indexed(INDEX_WAIT_S)
+        if inserted:
+            # A built index reaches the query node later (until then Milvus searches the segment through its
+            # interim IVF index, nprobe 16 of 128 lists); loading again serves the built one at once.
+            self.milvus.reload()
 
     def search(self, vector: np.ndarray, k: int, search_list_size: int, beam_width: int):
         return self.milvus.search(vector, min(k, self.size), search_list_size)

@@ -153,6 +153,13 @@ class MilvusIndex:
         self.connection.call(f"waiting for {self.name}'s index", lambda: utility.wait_for_index_building_complete(
             self.name, timeout=timeout_s, using=self.connection.alias), timeout_s + 5)
 
+    def reload(self) -> None:
+        """Release and load again (the query node then loads the built index)."""
+        collection = self.collection()
+        timeout = self.connection.settings.timeout_s * 30
+        self.connection.call(f"reloading {self.name}", lambda: (collection.release(timeout=timeout),
+                                                               collection.load(timeout=timeout)), timeout * 2 + 1)
+
     def drop(self) -> None:
         from pymilvus import utility
 
