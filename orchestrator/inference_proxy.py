@@ -3,9 +3,11 @@
 The gateway's plain chats and completions (`Generate`) and its WebSocket's streamed input
 (`StreamPrompt`) come here, not to a replica, so that they are served like every `Ask`:
 
-- the same router picks the replica (`router.choose`, keyed by the prompt's first segment, which
-  for a chat is the model's chat head: the prefix every chat shares); a `Generate` whose replica
-  fails before the first token moves once to another (the statuses that do: failures.py). A
+- the same router picks the replica (`router.choose_ready`, keyed by the prompt's first segment,
+  which for a chat is the model's chat head: the prefix every chat shares), waiting a little for
+  one when none is available, as an Ask does (failures.py); a `Generate` whose replica fails
+  before the first token moves once to another, or, with no other, to the first that is (back)
+  within the same wait (the statuses that move, and the wait: failures.py). A
   `StreamPrompt` does not move (the client's input is not kept here): it ends UNAVAILABLE;
 - the same store keeps its lifecycle (`recording.py`): created with retriever "none", each engine
   lifecycle event, then FINISHED with the answer, first-token time and the engine's statistics,
@@ -28,7 +30,7 @@ from collections.abc import AsyncIterator
 
 import grpc
 
-from orchestrator.failures import ask_fails_over, streamed_ask_status
+from orchestrator.failures import ask_fails_over, peer_wait_s, streamed_ask_status
 from orchestrator.lifecycle_store import LifecycleStore
 from orchestrator.metrics import OrchestratorMetrics
 from orchestrator.recording import record_cancelled, record_failed, record_finished, record_lifecycle
@@ -72,8 +74,9 @@ class InferenceProxy(inference_pb2_grpc.InferenceServicer):
         self.metrics = metrics
 
     async def _choose(self, context, key: str) -> Replica:
+        """The replica for `key`; with none available, wait a little for one (failures.py)."""
         try:
-            return self.router.choose(key)
+            return await self.router.choose_ready(key, wait_s=peer_wait_s(context.time_remaining()))
         except NoReplicaAvailable as exc:
             await context.abort(grpc.StatusCode.UNAVAILABLE, str(exc))
 
@@ -124,7 +127,7 @@ class InferenceProxy(inference_pb2_grpc.InferenceServicer):
                         outcome = "failed"       # the replica's status and message, as it gave them
                         await self._fail(context, request_id, exc.code(), exc.details() or exc.code().name)
                     retried = True
-                    chosen = await self._fail_over(request_id, replica, key, exc)
+                    chosen = await self._fail_over(request_id, replica, key, exc, context.time_remaining())
                     if chosen is None:
                         outcome = "failed"
                         await self._fail(context, request_id, grpc.StatusCode.UNAVAILABLE,
@@ -137,13 +140,18 @@ class InferenceProxy(inference_pb2_grpc.InferenceServicer):
                 await record_cancelled(self.store, request_id)
             self.metrics.asks.labels(MODE, outcome).inc()
 
-    async def _fail_over(self, request_id: str, replica: Replica, key: str, exc: grpc.RpcError) -> Replica | None:
-        """Mark `replica` failed and record the move to another; None when no other is left."""
+    async def _fail_over(self, request_id: str, replica: Replica, key: str, exc: grpc.RpcError,
+                         time_remaining: float | None) -> Replica | None:
+        """Mark `replica` failed and record the move to another: another available one first; with
+        none, the first that is (back) within the wait (failures.py), this one too. None when none is."""
         self.router.mark_failed(replica.address)
         try:
             chosen = self.router.choose(key, exclude={replica.address})
         except NoReplicaAvailable:
-            return None
+            try:
+                chosen = await self.router.choose_ready(key, wait_s=peer_wait_s(time_remaining))
+            except NoReplicaAvailable:
+                return None
         log.warning("%s: replica %s failed (%s: %s); retrying on %s", request_id, replica.address,
                     exc.code().name, exc.details(), chosen.address)
         await self.store.event(request_id, "ERROR", detail=f"replica {replica.address} failed: {exc.details()}; "

@@ -51,12 +51,21 @@ def say_with_time(line: str) -> None:
 
 @contextlib.contextmanager
 def sigterm_deferred() -> Iterator[None]:
-    """SIGTERM waits until the block ends, so a process started here is always recorded."""
-    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+    """SIGTERM waits until the block ends, so a process started here is always recorded.
+
+    A handler notes the signal and it is raised again once the block ends. Not the signal mask: a
+    child inherits the mask through exec, so a service started here would keep SIGTERM blocked for
+    good (and `down` would have to SIGKILL it), while a handler is reset to the default at exec.
+    Main thread only (`signal.signal`), as the supervisor runs.
+    """
+    caught: list[int] = []
+    previous = signal.signal(signal.SIGTERM, lambda signum, frame: caught.append(signum))
     try:
         yield
     finally:
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
+        signal.signal(signal.SIGTERM, previous)
+        if caught:
+            signal.raise_signal(signal.SIGTERM)
 
 
 class Supervisor:

@@ -300,7 +300,7 @@ def test_killed_replicas_are_reported_then_restarted_and_used_again(stack):
             assert time.monotonic() < deadline, f"the restarted replicas are not used: {exc}"
             time.sleep(2)
     assert extension["replica"] in REPLICAS and answer
-    assert "is reachable again" in stack.logs("orchestrator")
+    assert "is serving again" in stack.logs("orchestrator")         # orchestrator/router.py record_health
     stack.timed("replicas back and used again", t0)
 
 
