@@ -354,6 +354,51 @@ def steps(s: dict[str, Node]) -> list[str]:
     ]
 
 
+def gateway(s: dict[str, Node]) -> list[str]:
+    g = s["gateway"]
+    added, token, loc = g["ttft_added_outside_orchestrator_ms"], g["per_token_added_ms"], g["locust"]
+    rows = [f"TTFT the gateway adds | {added['p50']:.1f} | {added['p99']:.1f}",
+            f"time per token it adds | {token['p50']:.1f} | {token['p99']:.1f}"]
+    return [
+        "## The OpenAI-compatible gateway", "",
+        "The same Ask over gRPC and through the gateway (a streamed chat completion with model `streamrag-rag`, "
+        "official `openai` client), one after the other; then locust's HTTP users stream chat completions "
+        "(docs/gateway.md).", "",
+        *block(g),
+        *table(["ms", "p50", "p99"], rows),
+        f"Under locust ({loc['users']} users for {loc['seconds'].number() / 60:g} minutes, per seed) "
+        f"{loc['requests']} streamed RAG chats had {loc['failures']} failures (TTFT p50 {loc['ttft_ms']['p50']:.0f} ms "
+        "with every user on the same 2 cores), and every KV block was free afterwards: "
+        f"{'yes' if g['kv_blocks_all_free'].value else 'no'}.", "",
+        *targets(g),
+    ]
+
+
+def disagg(s: dict[str, Node]) -> list[str]:
+    d = s["disagg"]
+    proj = d["projection"]
+    rows = [f"{r['mode']} | {r['rate_rps']} | {' '.join(str(x) for x in r['seeds'].value)} | "
+            f"{r['itl_p50_ms']:.0f} | {r['itl_p99_ms']:.0f} | {r['ttft_p50_s']:.3f} | "
+            + (f"{r['transfer_ms_after_last_chunk_p50']:.0f}" if r["transfer_ms_after_last_chunk_p50"].value else "-")
+            + f" | {r['goodput_rps']:.3f}" for r in d["rows"]]
+    tail = proj["tail_512_tokens_ms"]
+    return [
+        "## Prefill and decode on separate replicas", "",
+        "A prefill replica ships the KV of each prefilled chunk to a decode replica while the context still "
+        "streams in (docs/disagg.md); the same two cores serve one colocated replica, or a prefill replica on one "
+        "core and a decode replica on the other. Streamed prompts arrive at a steady rate, each decoding "
+        f"{d['workload']['max_tokens']} tokens; goodput counts requests with TTFT ≤ {d['goodput_targets']['ttft_s']} s and "
+        f"their own ITL p99 ≤ {d['goodput_targets']['itl_p99_ms']:.0f} ms.", "",
+        *block(d),
+        *table(["mode", "requests/s", "seeds", "ITL p50 ms", "ITL p99 ms", "TTFT p50 s",
+                "hand-off after the last chunk ms", "goodput requests/s"], rows, right=3),
+        f"On a GPU, {proj['model']} holds {proj['kv_bytes_per_token'].number() / 1024:.0f} KiB of KV per token: a "
+        f"512-token tail ships in about {tail['pcie4_x16_25GBps']} ms over PCIe 4, {tail['pcie5_x16_50GBps']} ms over "
+        f"PCIe 5 and {tail['nvlink4_450GBps']} ms over NVLink 4.", "",
+        *targets(d),
+    ]
+
+
 def engine(s: dict[str, Node]) -> list[str]:
     e = s["engine"]
     pre = e["prefill"]
@@ -410,11 +455,11 @@ def refresh(s: dict[str, Node]) -> list[str]:
     ]
 
 
-PAGE = (intro, glance, machines, streaming, vllm, pressure, sessions, decode, retrieval, documents, load, steps,
-        engine,
+PAGE = (intro, glance, machines, streaming, vllm, pressure, sessions, decode, retrieval, documents, disagg, gateway,
+        load, steps, engine,
         not_measured, refresh)
-SECTIONS = ("machines", "streaming", "vllm", "pressure", "sessions", "decode", "retrieval", "documents", "load",
-            "steps", "engine")
+SECTIONS = ("machines", "streaming", "vllm", "pressure", "sessions", "decode", "retrieval", "documents", "disagg",
+            "gateway", "load", "steps", "engine")
 
 
 # ---------------------------------------------------------------------------- command

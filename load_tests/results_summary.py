@@ -128,10 +128,13 @@ def table(header: Iterable[str], rows: Iterable[str], right: int = 1) -> list[st
 
 
 def block(run: Node, cells: str = "median (min-max) over seeds") -> list[str]:
-    """The command that produced a table, right above it, and the machine and seeds under it."""
-    runs = str(run["seeds"])
-    lines = ["```bash", *str(run["command"]).splitlines(), "```",
-             f"Machine: **{run['machine']}**. {'Seeds' if runs[:1].isdigit() else 'Runs'}: {runs}; cells: {cells}."]
+    """The command that produced a table, right above it, with the machine and seeds."""
+    runs, command = str(run["seeds"]), str(run["command"]).splitlines()
+    where = f"Machine: **{run['machine']}**. {'Seeds' if runs[:1].isdigit() else 'Runs'}: {runs}; cells: {cells}."
+    if len(command) == 1 and "`" not in command[0]:           # one command: inline, beside the machine
+        lines = [f"`{command[0]}`. {where}"]
+    else:
+        lines = ["```bash", *command, "```", where]
     if run.get("note") is not None:
         lines[-1] += f" {run['note']}"
     return [*lines, ""]
