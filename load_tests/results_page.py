@@ -110,8 +110,25 @@ def glance(s: dict[str, Node]) -> list[str]:
         f"after an add at p99 while serving; recall@10 "
         f"{s['documents']['ingest']['rows']['recall_churn']['value']['median']:.2f} after inserting and deleting "
         f"half the passages | {s['documents']['ingest']['kind']}",
+        f"Retrieval on Milvus? | hit@5 {s['retrieval_backends']['backends']['milvus']['hit_at_5']['median'].number():.0%} "
+        f"as on diskannpy; recall@10 {s['retrieval_backends']['backends']['milvus']['recall_at_10']['median']:.2f} "
+        "(embedded server, HNSW) | AMX",
+        f"Reusing passages' KV across requests (blend, approximate)? | "
+        f"{s['blend']['cross_request_ttft_speedup']:x} sooner first token than exact, "
+        f"{s['blend']['answer_agreement']['median'].number():.0%} of answers equal to exact's first 32 tokens | AMX",
+        f"Prefill and decode on separate replicas? | Decode ITL p99 "
+        f"{s['disagg']['ratios']['itl_p99_better']['median']:x} better than colocated on the same 2 cores; "
+        f"the hand-off after the last chunk {s['disagg']['rows'][-1]['transfer_ms_after_last_chunk_p50']['median']:.0f} ms"
+        " | AMX",
+        f"The OpenAI-compatible gateway? | Adds {s['gateway']['ttft_added_outside_orchestrator_ms']['p50']['median']:.1f} ms "
+        f"to the first token at p50; {s['gateway']['locust']['failures']} failures for {s['gateway']['locust']['users']} "
+        "streaming users | AMX",
         f"Under load? | {load['users']} locust users for {load['minutes']} minutes: "
         f"{sum(r['failures'].number() for r in load['rows']):.0f} failed Asks, no KV block leaked | AVX512-BF16",
+        f"Under faults (a service killed or frozen every minute)? | "
+        f"{s['chaos']['chaos']['targets_measured']['success_rate']['median'].number():.1%} of asks answered, "
+        f"{s['chaos']['chaos']['targets_measured']['hung']['median']:.0f} hung, "
+        f"{s['chaos']['chaos']['targets_measured']['leaked_blocks']['median']:.0f} KV blocks leaked | AMX",
     ]
     return ["## At a glance", "", *table(["question", "answer", "machine"], rows, right=9)]
 
@@ -319,7 +336,7 @@ def load(s: dict[str, Node]) -> list[str]:
     rows = [f"{r['retriever']} | {r['mode']} | {r['asks']} | {r['failures']} | {r['ttft_after']:.2f} | {r['total']:.2f}"
             for r in run["rows"]]
     return [
-        "## Load test: locust against the whole stack", "",
+        "## Load and faults", "",
         f"{run['users']} locust users ask questions through the orchestrator's gRPC API for {run['minutes']} "
         "minutes (half streamed, half not), against `streamrag up` with its defaults; afterwards "
         f"`streamrag status` must show every KV block free ({run['kv_blocks']} of {run['kv_blocks']}), "
@@ -330,6 +347,36 @@ def load(s: dict[str, Node]) -> list[str]:
         "modes take the same time; with the crawler, streaming's prefill during retrieval shows in the TTFT "
         "after it.", "",
         *targets(lo),
+    ]
+
+
+def chaos(s: dict[str, Node]) -> list[str]:
+    c = s["chaos"]["chaos"]
+    run, st = c["runs"][0], c["settings"]
+
+    def cell(value: Node, spec: str = ".1f") -> str:
+        return "-" if value.value is None else format(value.number(), spec)
+
+    rows = [f"{f['action']} {f['target']} | {cell(f['down_s'])} | {f['in_flight_at_signal']} | {f['failed']} | "
+            f"{f['hung']} | {f['failed_after_healthy']} | {cell(f['users_recovery_s'])} | {cell(f['recovery_s'])} | "
+            f"{f['lost_events']}"
+            for f in run["faults"]]
+    t, answers = run["totals"], run["answers"]
+    return [
+        "### Faults under load", "",
+        f"{st['users']} users ask with the ANNS retriever, the crawler and both, streamed and not, while a session "
+        f"ingests; every {st['fault_every_s']:g} s one service is killed (SIGKILL) or frozen for {st['stop_s']:g} s "
+        "(SIGSTOP), in turn: an inference replica, each retriever, the orchestrator, Redis; the stack's supervisor "
+        f"restarts what dies. The stack: {st['replicas']} replicas, {st['dtype']}, the Python tutorial corpus.", "",
+        *block(c, cells="one value per fault"),
+        *table(["fault", "back after s", "asks in flight", "failed", "hung", "failed once healthy",
+                "a user's first success after it s", "the probe's first success s", "lost events"], rows),
+        f"{t['answered']} of {t['asks']} asks answered ({t['success_rate'].number():.1%}); failures outside every "
+        f"fault window: {t['failures_outside_windows']}; KV blocks leaked after the drain: {t['leaked_blocks']}; "
+        f"answers equal to the fault-free pass: {answers['compared'].number() - answers['differ'].number():.0f} of "
+        f"{answers['compared']} compared ({answers['not_comparable']} not comparable: a retriever was down, so the "
+        "context differed).", "",
+        *targets(s["chaos"]),
     ]
 
 
@@ -371,6 +418,31 @@ def gateway(s: dict[str, Node]) -> list[str]:
         "with every user on the same 2 cores), and every KV block was free afterwards: "
         f"{'yes' if g['kv_blocks_all_free'].value else 'no'}.", "",
         *targets(g),
+    ]
+
+
+def blend(s: dict[str, Node]) -> list[str]:
+    b = s["blend"]
+    rows = [f"{r['fraction']:g} | {r['ttft_speedup']:x} | {r['answer_agreement']['median'].number():.0%} | "
+            f"{r['hit_rate']['median'].number():.2f} | {r['recompute_fraction']['median'].number():.2f}"
+            for r in b["sweep"]]
+    a = b["anns"]
+    return [
+        "## Reusing retrieved passages' KV (blend)", "",
+        "`kv_reuse: blend` (per request; `streamrag ask --kv-reuse blend`) reuses a passage's KV that an earlier "
+        "request or refinement prefilled, at its new position: the keys re-rotated, the `--blend-recompute` "
+        "share of its tokens whose KV deviates most recomputed (CacheBlend's way). It is approximate and says so in "
+        "the answer's stats; `exact` stays the default. Across requests: questions from the quality set drawn "
+        f"with a Zipf skew (s = {b['zipf']}), each prompt its answering page's passages plus popular ones; TTFT of "
+        "blend against exact on the same requests, and the share of answers whose first 32 greedy tokens equal "
+        "exact's.", "",
+        *block(b),
+        *table(["recomputed share", "TTFT speedup over exact", "answers equal to exact (32 tokens)",
+                "chunk-cache hits per passage", "tokens recomputed / reused"], rows),
+        *image("blend", "answer agreement against TTFT speedup by recomputed share"),
+        f"On the ANNS replay (update mode), streaming against not streaming at p95: exact {a['p95_speedup_exact']:x}, "
+        f"blend {a['p95_speedup_blend']:x}.", "",
+        *targets(b),
     ]
 
 
@@ -418,6 +490,25 @@ def engine(s: dict[str, Node]) -> list[str]:
     ]
 
 
+def milvus(s: dict[str, Node]) -> list[str]:
+    m = s["retrieval_backends"]
+    rows = [f"{b['index']} | {b['recall_at_10']:.3f} | {b['hit_at_5']['median'].number():.1%} | "
+            f"{b['first_emit_pct']:.0f}% | "
+            + "; ".join(f"{c['p50_ms']['median'].number():.1f} / {c['p99_ms']['median'].number():.1f} / "
+                        f"{c['qps']['median'].number():.0f}" for c in b["concurrency"]) for b in m["backends"]]
+    return [
+        "### The ANNS retriever on Milvus", "",
+        "The same `Retrieve` contract, collections and early results on Milvus (`--backend milvus`): the embedded "
+        "server from PyPI, whose build has no DiskANN, so it serves HNSW (docs/documents.md says why and how a "
+        f"Milvus cluster takes DISKANN); the default corpus ({m['passages']} passages), {m['queries_per_run']} "
+        f"queries a run, k {m['k']}, list sizes {', '.join(str(x) for x in m['l_schedule'].value)}.", "",
+        *block(m, cells="median (min-max) over the runs"),
+        *table(["backend", "recall@10", "hit@5", "first emit / full search",
+                "p50 ms / p99 ms / QPS at 1; 2; 4 clients"], rows),
+        *targets(m),
+    ]
+
+
 def documents(s: dict[str, Node]) -> list[str]:
     d = s["documents"]
     run = d["ingest"]
@@ -455,11 +546,10 @@ def refresh(s: dict[str, Node]) -> list[str]:
     ]
 
 
-PAGE = (intro, glance, machines, streaming, vllm, pressure, sessions, decode, retrieval, documents, disagg, gateway,
-        load, steps, engine,
-        not_measured, refresh)
-SECTIONS = ("machines", "streaming", "vllm", "pressure", "sessions", "decode", "retrieval", "documents", "disagg",
-            "gateway", "load", "steps", "engine")
+PAGE = (intro, glance, machines, streaming, vllm, pressure, sessions, decode, retrieval, milvus, documents, blend,
+        disagg, gateway, load, chaos, steps, engine, not_measured, refresh)
+SECTIONS = ("machines", "streaming", "vllm", "pressure", "sessions", "decode", "retrieval", "retrieval_backends",
+            "documents", "blend", "disagg", "gateway", "load", "chaos", "steps", "engine")
 
 
 # ---------------------------------------------------------------------------- command

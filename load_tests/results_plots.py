@@ -2,7 +2,7 @@
 
 One figure per section: the streaming speedup against load, against vLLM by CPU kind, by
 eviction mode under memory pressure, a session query's TTFT against context size, decode speed
-against concurrency, the ANNS early results' recall against time, and prefill speed against
+against concurrency, the ANNS early results' recall against time, passage KV reuse's quality against speed, and prefill speed against
 prompt length. matplotlib is
 imported only when the plots are written, with its file-only backend; PNGs stay small (dpi 80)
 and carry no software version, so the same summaries give the same files.
@@ -138,8 +138,22 @@ def plot_engine(s: dict[str, Node], plt: Any) -> Any:
     return fig
 
 
+def plot_blend(s: dict[str, Node], plt: Any) -> Any:
+    rows = list(s["blend"]["sweep"])
+    x = [r["ttft_speedup"]["median"].number() for r in rows]
+    y = [100 * r["answer_agreement"]["median"].number() for r in rows]
+    fig, ax = plt.subplots(figsize=(5, 3))
+    ax.plot(x, y, marker="o")
+    for r, xi, yi in zip(rows, x, y, strict=True):
+        ax.annotate(f"{r['fraction'].number():g}", (xi, yi), fontsize=8, textcoords="offset points", xytext=(4, 4))
+    ax.set_xlabel("TTFT speedup over exact (median)")
+    ax.set_ylabel("answers equal to exact, %")
+    ax.set_title("blend: quality against speed by recomputed share")
+    return fig
+
+
 PLOTS = {"streaming": plot_streaming, "vllm": plot_vllm, "pressure": plot_pressure, "sessions": plot_sessions,
-         "decode": plot_decode, "retrieval": plot_retrieval, "engine": plot_engine}
+         "decode": plot_decode, "retrieval": plot_retrieval, "blend": plot_blend, "engine": plot_engine}
 
 
 def write_plots(s: dict[str, Node], out_dir: Path) -> list[Path]:
