@@ -10,10 +10,15 @@ The served model's `Describe` (name, chat format) is asked once and cached. The 
 with its own API key (the first one it accepts) when it has keys, and dials with TLS when it
 has a CA (`servicekit.channels.open_channel`). With a plain call it also names the question to
 record (`streamrag-question-bin` metadata: the user's last message).
+
+Every call on the channel waits for it to be ready (gRPC's `waitForReady`, set once in the
+channel's service config), within that call's own timeout: a request made while the orchestrator
+restarts, or just after (the channel in its reconnect back-off), waits instead of failing at once.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 from dataclasses import dataclass
 
@@ -31,6 +36,8 @@ DESCRIBE_TIMEOUT_S = 2.0
 QUESTION_METADATA = "streamrag-question-bin"     # orchestrator/inference_proxy.py reads it
 # gRPC refuses metadata over 8 KiB (soft) / 16 KiB (hard): the question is cut to this many bytes.
 QUESTION_METADATA_BYTES = 1024
+# Every method (the empty name) waits for the channel to be ready, within the call's timeout.
+WAIT_FOR_READY = (("grpc.service_config", json.dumps({"methodConfig": [{"name": [{}], "waitForReady": True}]})),)
 
 
 @dataclass
@@ -43,7 +50,7 @@ class Upstream:
     info: inference_pb2.ModelInfo | None = None      # the served model's Describe, once it answered
 
     async def start(self) -> None:
-        self._channel = open_channel(self.orchestrator_address, self.tls)
+        self._channel = open_channel(self.orchestrator_address, self.tls, options=WAIT_FOR_READY)
         self.orchestrator = orchestrator_pb2_grpc.OrchestratorStub(self._channel)
         self.inference = inference_pb2_grpc.InferenceStub(self._channel)
 

@@ -68,6 +68,7 @@ class OrchestratorService:
 
     async def stop(self, grace_s: float | None = None) -> None:
         await self.runner.stop(grace_s)
+        await self.sessions.aclose()
         await self.router.stop()
         await self.store.close()
         await self.directory.close()

@@ -14,6 +14,13 @@ retried once. A query already streaming its answer when the replica dies ends UN
 token is sent twice); Subscribe resubscribes on the new replica and carries on. With no replica
 left, the call ends UNAVAILABLE and says which replica was lost.
 
+The copy a rebuild leaves behind is closed: a replica that stopped answering (SIGSTOP, a stalled
+host) may come back holding the session and its KV blocks, which nothing would free. After each
+rebuild a background task calls CloseSession on the old replica, waiting for it to be reachable
+(`wait_for_ready`) for up to `ORPHAN_CLOSE_WITHIN_S`; a replica that restarted instead answers
+NOT_FOUND (nothing to free). Should a later rebuild choose that replica again first, it closes
+the old copy there itself before creating the session (else CreateSession would find it).
+
 Queries are also recorded in the lifecycle store like Asks (`streamrag requests` shows them), and
 session events (CREATED, INGESTED, REBUILT, CLOSED) go to its event stream of `session:<id>`.
 """
@@ -38,6 +45,10 @@ from protos import common_pb2, sessions_pb2, sessions_pb2_grpc
 log = logging.getLogger(__name__)
 
 RPC_TIMEOUT_S = 120.0
+# How long the orchestrator keeps trying to close the copy of a session left on a replica it
+# rebuilt the session away from (each try waits for the replica to be reachable).
+ORPHAN_CLOSE_WITHIN_S = 600.0
+ORPHAN_CLOSE_TRY_S = 30.0
 
 
 class ReplicaLost(Exception):
@@ -51,6 +62,8 @@ class SessionsProxy(sessions_pb2_grpc.SessionsServicer):
         self.store = store
         self._stubs: dict[str, sessions_pb2_grpc.SessionsStub] = {}
         self._rebuilding: dict[str, asyncio.Lock] = {}
+        self._orphans: dict[str, set[str]] = {}       # session -> replicas holding an old copy of it
+        self._cleanups: set[asyncio.Task] = set()
 
     def stub(self, address: str) -> sessions_pb2_grpc.SessionsStub:
         if address not in self._stubs:
@@ -261,6 +274,8 @@ class SessionsProxy(sessions_pb2_grpc.SessionsServicer):
                 raise ReplicaLost(f"session {record.session_id!r}: its replica {record.replica} is lost "
                                   f"({cause.details()}) and no replica can take it over: {exc}") from exc
             stub = self.stub(replica.address)
+            if replica.address in self._orphans.get(record.session_id, ()):   # back, with an old copy
+                await self._close_orphan_now(record.session_id, replica.address)
             batches = await self.directory.batches(record.session_id)
             try:
                 await stub.CreateSession(sessions_pb2.CreateSessionRequest(
@@ -290,8 +305,65 @@ class SessionsProxy(sessions_pb2_grpc.SessionsServicer):
                                    replica=replica.address, batches=len(batches), cause=cause.details())
             log.warning("session %s rebuilt on %s (%d batches) after %s: %s", record.session_id, replica.address,
                         len(batches), record.replica, cause.details())
+            self._orphans.setdefault(record.session_id, set()).add(record.replica)
+            task = asyncio.get_running_loop().create_task(self._close_orphan(record.session_id, record.replica))
+            self._cleanups.add(task)
+            task.add_done_callback(self._cleanups.discard)
             return SessionRecord(record.session_id, replica.address, record.instructions, record.retention_tokens,
                                  version)
+
+    async def _close_orphan(self, session_id: str, address: str) -> None:
+        """In the background, after a rebuild: close the copy of the session left on `address` once
+        that replica answers again (waiting up to ORPHAN_CLOSE_WITHIN_S), so its KV blocks are freed."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + ORPHAN_CLOSE_WITHIN_S
+        while address in self._orphans.get(session_id, ()):
+            left = deadline - loop.time()
+            if left <= 0:
+                log.warning("session %s: could not close its old copy on %s within %g s", session_id, address,
+                            ORPHAN_CLOSE_WITHIN_S)
+                self._forget_orphan(session_id, address)
+                return
+            try:   # waits for the replica first; a frozen one holds the call until the try's deadline
+                await self.stub(address).DescribeSession(sessions_pb2.DescribeSessionRequest(session_id=session_id),
+                                                         timeout=min(ORPHAN_CLOSE_TRY_S, left), wait_for_ready=True)
+            except KeyError:          # the replica left the router: nothing to reach
+                self._forget_orphan(session_id, address)
+                return
+            except grpc.RpcError as exc:
+                if exc.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+                    await asyncio.sleep(min(1.0, max(0.0, deadline - loop.time())))
+                    continue
+                # NOT_FOUND: it restarted without the session; anything else: the replica is back
+            async with self._rebuilding.setdefault(session_id, asyncio.Lock()):   # not while a rebuild runs
+                if address not in self._orphans.get(session_id, ()):    # a rebuild onto it closed it
+                    return
+                await self._close_orphan_now(session_id, address)
+
+    async def _close_orphan_now(self, session_id: str, address: str) -> None:
+        """Close the old copy of the session on `address` (which answers) unless the session lives there."""
+        current = await self.directory.get(session_id)
+        if current is None or current.replica != address:
+            try:
+                await self.stub(address).CloseSession(sessions_pb2.CloseSessionRequest(session_id=session_id),
+                                                      timeout=ORPHAN_CLOSE_TRY_S)
+                log.info("session %s: closed its old copy on %s", session_id, address)
+            except (grpc.RpcError, KeyError) as exc:      # NOT_FOUND: already gone
+                log.info("session %s: closing its old copy on %s: %s", session_id, address, exc)
+        self._forget_orphan(session_id, address)
+
+    def _forget_orphan(self, session_id: str, address: str) -> None:
+        held = self._orphans.get(session_id)
+        if held is not None:
+            held.discard(address)
+            if not held:
+                del self._orphans[session_id]
+
+    async def aclose(self) -> None:
+        """Stop the background closes (the orchestrator is stopping)."""
+        for task in list(self._cleanups):
+            task.cancel()
+        await asyncio.gather(*self._cleanups, return_exceptions=True)
 
     async def _record(self, context, session_id: str) -> SessionRecord:
         if not session_id:

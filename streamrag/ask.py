@@ -127,7 +127,9 @@ def run_ask(args: argparse.Namespace) -> int:
     try:
         with keyed_channel(orchestrator_address(args.orchestrator)) as channel:
             stub = orchestrator_pb2_grpc.OrchestratorStub(channel)
-            for response in stub.Ask(request, timeout=args.timeout):
+            # wait_for_ready: an orchestrator restarting, or just back (the channel in its reconnect
+            # back-off), is waited for within the deadline instead of failing the ask at once
+            for response in stub.Ask(request, timeout=args.timeout, wait_for_ready=True):
                 event = response.event
                 kind = event.WhichOneof("kind")
                 if kind == "retrieval":
