@@ -74,6 +74,8 @@ def glance(s: dict[str, Node]) -> list[str]:
     ses, dec = s["sessions"]["ratios"], s["decode"]["grid"]["rows"]
     quality = s["retrieval"]["quality"]["rows"]
     load = s["load"]["locust"]
+    milvus, gateway = s["retrieval_backends"]["backends"]["milvus"], s["gateway"]
+    handoff = s["disagg"]["rows"][-1]["transfer_ms_after_last_chunk_p50"]
     rows = [
         f"Does streaming pay on a crawler workload (pages arrive over seconds)? | Yes: "
         f"{span(r['speedup']['p50']['median'] for r in crawl)} sooner first token at p50, "
@@ -110,18 +112,18 @@ def glance(s: dict[str, Node]) -> list[str]:
         f"after an add at p99 while serving; recall@10 "
         f"{s['documents']['ingest']['rows']['recall_churn']['value']['median']:.2f} after inserting and deleting "
         f"half the passages | {s['documents']['ingest']['kind']}",
-        f"Retrieval on Milvus? | hit@5 {s['retrieval_backends']['backends']['milvus']['hit_at_5']['median'].number():.0%} "
-        f"as on diskannpy; recall@10 {s['retrieval_backends']['backends']['milvus']['recall_at_10']['median']:.2f} "
+        f"Retrieval on Milvus? | hit@5 {milvus['hit_at_5']['median'].number():.0%} "
+        f"as on diskannpy; recall@10 {milvus['recall_at_10']['median']:.2f} "
         "(embedded server, HNSW) | AMX",
         f"Reusing passages' KV across requests (blend, approximate)? | "
         f"{s['blend']['cross_request_ttft_speedup']:x} sooner first token than exact, "
         f"{s['blend']['answer_agreement']['median'].number():.0%} of answers equal to exact's first 32 tokens | AMX",
         f"Prefill and decode on separate replicas? | Decode ITL p99 "
         f"{s['disagg']['ratios']['itl_p99_better']['median']:x} better than colocated on the same 2 cores; "
-        f"the hand-off after the last chunk {s['disagg']['rows'][-1]['transfer_ms_after_last_chunk_p50']['median']:.0f} ms"
-        " | AMX",
-        f"The OpenAI-compatible gateway? | Adds {s['gateway']['ttft_added_outside_orchestrator_ms']['p50']['median']:.1f} ms "
-        f"to the first token at p50; {s['gateway']['locust']['failures']} failures for {s['gateway']['locust']['users']} "
+        f"the hand-off after the last chunk {handoff['median']:.0f} ms | AMX",
+        f"The OpenAI-compatible gateway? | Adds "
+        f"{gateway['ttft_added_outside_orchestrator_ms']['p50']['median']:.1f} ms "
+        f"to the first token at p50; {gateway['locust']['failures']} failures for {gateway['locust']['users']} "
         "streaming users | AMX",
         f"Under load? | {load['users']} locust users for {load['minutes']} minutes: "
         f"{sum(r['failures'].number() for r in load['rows']):.0f} failed Asks, no KV block leaked | AVX512-BF16",
@@ -382,7 +384,10 @@ def chaos(s: dict[str, Node]) -> list[str]:
 
 def steps(s: dict[str, Node]) -> list[str]:
     st = s["steps"]
-    rows = [f"{r['dtype']} | {'fixed ' + format(r['token_budget'].number(), ',.0f') if r['target_ms'].value is None else format(r['target_ms'].number(), 'g') + ' ms target'} | "
+    rows = [f"{r['dtype']} | "
+            + (f"fixed {r['token_budget'].number():,.0f}" if r["target_ms"].value is None
+               else f"{r['target_ms'].number():g} ms target")
+            + " | "
             f"{r['step_ms_p50']:.0f} | {r['step_ms_p99']:.0f} | {r['cancel_ms']:.0f} | {r['new_ttft_ms']:.0f} | "
             f"{r['tokens_per_s']:.0f}" for r in st["rows"]]
     return [
@@ -459,8 +464,8 @@ def disagg(s: dict[str, Node]) -> list[str]:
         "A prefill replica ships the KV of each prefilled chunk to a decode replica while the context still "
         "streams in (docs/disagg.md); the same two cores serve one colocated replica, or a prefill replica on one "
         "core and a decode replica on the other. Streamed prompts arrive at a steady rate, each decoding "
-        f"{d['workload']['max_tokens']} tokens; goodput counts requests with TTFT ≤ {d['goodput_targets']['ttft_s']} s and "
-        f"their own ITL p99 ≤ {d['goodput_targets']['itl_p99_ms']:.0f} ms.", "",
+        f"{d['workload']['max_tokens']} tokens; goodput counts requests with TTFT ≤ "
+        f"{d['goodput_targets']['ttft_s']} s and their own ITL p99 ≤ {d['goodput_targets']['itl_p99_ms']:.0f} ms.", "",
         *block(d),
         *table(["mode", "requests/s", "seeds", "ITL p50 ms", "ITL p99 ms", "TTFT p50 s",
                 "hand-off after the last chunk ms", "goodput requests/s"], rows, right=3),

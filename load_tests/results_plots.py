@@ -2,8 +2,8 @@
 
 One figure per section: the streaming speedup against load, against vLLM by CPU kind, by
 eviction mode under memory pressure, a session query's TTFT against context size, decode speed
-against concurrency, the ANNS early results' recall against time, passage KV reuse's quality against speed, and prefill speed against
-prompt length. matplotlib is
+against concurrency, the ANNS early results' recall against time, passage KV reuse's quality
+against speed, and prefill speed against prompt length. matplotlib is
 imported only when the plots are written, with its file-only backend; PNGs stay small (dpi 80)
 and carry no software version, so the same summaries give the same files.
 """
