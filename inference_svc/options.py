@@ -14,6 +14,3 @@ DEFAULT_MAX_STREAMS = 256           # open StreamPrompt/Generate calls per servi
 DEFAULT_MAX_SESSIONS = 16           # open sessions per inference service (the Sessions service)
 ROLE_CHOICES = ("both", "prefill", "decode")   # disaggregated serving (docs/disagg.md): routing only
 DEFAULT_ROLE = "both"               # prefill and decode on this replica (colocated)
-# StreamPrompt metadata naming the decode replica ("host:port") a prefill replica hands off to
-# (docs/disagg.md); the orchestrator's pairing sends the same string (it sees only the contract).
-DECODE_TARGET_KEY = "streamrag-decode-target"

@@ -40,9 +40,9 @@ from pathlib import Path
 import grpc
 
 from inference_svc.launch import start_inference_service
-from inference_svc.options import DECODE_TARGET_KEY
 from load_tests.cli_types import write_json
 from protos import common_pb2, inference_pb2, inference_pb2_grpc
+from protos.metadata import DECODE_TARGET_KEY
 from servicekit.progress import say
 
 WORDS = (

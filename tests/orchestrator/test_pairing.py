@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from orchestrator.pairing import DECODE_TARGET_KEY, Pair, choose_pair
+from orchestrator.pairing import Pair, choose_pair
+from protos.metadata import DECODE_TARGET_KEY
 from orchestrator.router import ReplicaRouter
 from protos import inference_pb2
 

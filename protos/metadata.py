@@ -1,0 +1,11 @@
+"""gRPC call metadata keys that are part of the contract, next to the .proto files they go with.
+
+A metadata key is wire format like a message field: every side imports it from here, so the
+orchestrator and the inference service cannot drift apart on it.
+"""
+
+from __future__ import annotations
+
+# StreamPrompt metadata naming the decode replica ("host:port") that a prefill replica hands the
+# request's KV to (docs/disagg.md). Sent by the orchestrator's pairing, read by the inference service.
+DECODE_TARGET_KEY = "streamrag-decode-target"
