@@ -20,7 +20,8 @@ wall time (first arrival to last answer).
 
 writes `{"rows": [{"mode", "seed", "rate_rps", "itl_p50_ms", "itl_p99_ms", "ttft_p50_s", "ttft_p99_s",
 "transfer_ms_after_last_chunk_p50", "goodput_rps", ...}], "requests": [...], "targets": {...}}`,
-one row per mode, rate and seed, and prints a table of medians over seeds.
+one row per mode, rate and seed, plus `idle`: per mode, the `--idle-probes` requests sent one at a
+time before the load; and prints a table of medians over seeds.
 """
 
 from __future__ import annotations
@@ -182,16 +183,24 @@ def start(role: str, cores: set[int], args: argparse.Namespace):
                                        log_path=Path(f"/tmp/streamrag-disagg-{role}.log"))
 
 
-async def warm_up(address: str, decode_address: str | None, args: argparse.Namespace) -> None:
+async def warm_up(mode: str, address: str, decode_address: str | None, args: argparse.Namespace) -> list[Result]:
+    """One request to warm up, then `--idle-probes` requests one at a time: with nothing else
+    running, their hand-off is the transfer alone (under load it also waits for the decode
+    replica's running step to end before the tail is imported)."""
     rng = random.Random(12345)
     metadata = ((DECODE_TARGET_KEY, decode_address),) if decode_address else ()
+    probes = []
     async with grpc.aio.insecure_channel(address) as channel:
         stub = inference_pb2_grpc.InferenceStub(channel)
-        head, docs, suffix = prompt(rng, args.chunks, args.chunk_words)
-        await one_request(stub, Result("warm", 0, 0, 0), head, docs, suffix, 0.0, 8, metadata)
+        for i in range(1 + args.idle_probes):
+            head, docs, suffix = prompt(rng, args.chunks, args.chunk_words)
+            result = Result(mode, -1, 0, i)
+            await one_request(stub, result, head, docs, suffix, args.chunk_gap_s, 8, metadata)
+            probes.append(result)
+    return probes[1:]
 
 
-def run_mode(mode: str, args: argparse.Namespace) -> tuple[list[dict], list[dict]]:
+def run_mode(mode: str, args: argparse.Namespace) -> tuple[list[dict], list[dict], dict]:
     cores = sorted(os.sched_getaffinity(0))[:2]
     if len(cores) < 2:
         raise SystemExit("bench disagg needs 2 cores")
@@ -203,7 +212,12 @@ def run_mode(mode: str, args: argparse.Namespace) -> tuple[list[dict], list[dict
         address, decode_address = services[0].address, services[1].address
     rows, raw = [], []
     try:
-        asyncio.run(warm_up(address, decode_address, args))
+        probes = asyncio.run(warm_up(mode, address, decode_address, args))
+        idle = {"mode": mode, "idle_probes": len(probes),
+                "ttft_p50_s": _round(percentile([r.ttft_s for r in probes if r.ttft_s is not None], 50), 3),
+                "transfer_ms_after_last_chunk_p50": _round(percentile([r.transfer_ms for r in probes
+                                                                       if r.transfer_ms is not None], 50))}
+        say(f"{mode} idle: {idle}")
         for rate in args.rates:
             for seed in args.seeds:
                 started = time.monotonic()
@@ -215,7 +229,7 @@ def run_mode(mode: str, args: argparse.Namespace) -> tuple[list[dict], list[dict
     finally:
         for service in services:
             service.stop()
-    return rows, raw
+    return rows, raw, idle
 
 
 def add_bench_disagg_args(parser: argparse.ArgumentParser) -> None:
@@ -232,17 +246,20 @@ def add_bench_disagg_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--ttft-target-s", type=float, default=1.0, help="TTFT from the finish")
     parser.add_argument("--itl-target-ms", type=float, default=150.0, help="a request's own ITL p99")
+    parser.add_argument("--idle-probes", type=int, default=3,
+                        help="requests sent one at a time before the load (the hand-off with nothing else running)")
     parser.add_argument("--modes", nargs="+", default=["colocated", "disaggregated"],
                         choices=["colocated", "disaggregated"])
 
 
 def run_bench_disagg(args: argparse.Namespace) -> int:
-    rows, raw = [], []
+    rows, raw, idle = [], [], []
     for mode in args.modes:
-        mode_rows, mode_raw = run_mode(mode, args)
+        mode_rows, mode_raw, mode_idle = run_mode(mode, args)
+        idle.append(mode_idle)
         rows += mode_rows
         raw += mode_raw
-    out = {"rows": rows, "targets": {"ttft_s": args.ttft_target_s, "itl_p99_ms": args.itl_target_ms},
+    out = {"rows": rows, "idle": idle, "targets": {"ttft_s": args.ttft_target_s, "itl_p99_ms": args.itl_target_ms},
            "workload": {"chunks": args.chunks, "chunk_words": args.chunk_words, "chunk_gap_s": args.chunk_gap_s,
                         "max_tokens": args.max_tokens, "requests": args.requests, "rates": args.rates,
                         "dtype": args.dtype},
@@ -251,11 +268,11 @@ def run_bench_disagg(args: argparse.Namespace) -> int:
         write_json(args.json, out)
     if args.raw:
         write_json(args.raw, {"requests": raw})
-    print(table(rows))
+    print(table(rows, idle))
     return 0
 
 
-def table(rows: list[dict]) -> str:
+def table(rows: list[dict], idle: list[dict]) -> str:
     keys = ("itl_p50_ms", "itl_p99_ms", "ttft_p50_s", "ttft_p99_s", "transfer_ms_after_last_chunk_p50", "goodput_rps")
     lines = ["| mode | rate | " + " | ".join(keys) + " |", "|---|---:|" + "---:|" * len(keys)]
     for mode, rate in dict.fromkeys((r["mode"], r["rate_rps"]) for r in rows):
@@ -265,6 +282,8 @@ def table(rows: list[dict]) -> str:
             values = [r[key] for r in group if r[key] is not None]
             cells.append(f"{statistics.median(values):g} ({min(values):g}-{max(values):g})" if values else "-")
         lines.append(f"| {mode} | {rate:g} | " + " | ".join(cells) + " |")
+    lines += [f"{r['mode']} with nothing else running ({r['idle_probes']} requests): TTFT p50 {r['ttft_p50_s']} s, "
+              f"hand-off p50 {r['transfer_ms_after_last_chunk_p50']} ms" for r in idle]
     return "\n".join(lines)
 
 

@@ -122,7 +122,35 @@ class KvTransferServicer(kv_transfer_pb2_grpc.KvTransferServicer):
                 self.engine_thread.abort_soon(request_id)
 
     async def _read(self, request_iterator, request_id: str, events: asyncio.Queue) -> None:
-        """Apply blocks / truncate / finish in order; each is acked on `events` once applied."""
+        """Apply blocks / truncate / finish in order; each is acked on `events` once applied.
+
+        Commands are queued for the engine thread without waiting for the previous one: those that
+        arrive while a step runs are applied together when it ends. The tail's blocks and `finish`
+        arrive about a millisecond apart, so the hand-off waits for one step boundary, not two.
+        The engine thread runs them in order and their acks follow in the same order; once one
+        fails, the rest of the call's commands do nothing (the call ends with that failure)."""
+        failed = False
+
+        def guarded(apply):
+            def run(engine: Engine):
+                nonlocal failed
+                if failed:
+                    return None
+                try:
+                    return apply(engine)
+                except Exception:
+                    failed = True
+                    raise
+            return run
+
+        def on_applied(future: asyncio.Future) -> None:
+            if future.cancelled():
+                return
+            if future.exception() is not None:
+                events.put_nowait(status_for(future.exception()))
+            elif future.result() is not None:
+                events.put_nowait(future.result())
+
         try:
             async for message in request_iterator:
                 if message.request_id != request_id:
@@ -137,10 +165,11 @@ class KvTransferServicer(kv_transfer_pb2_grpc.KvTransferServicer):
                     apply = _finish_command(request_id)
                 else:
                     raise KvTransferError(f"{kind or 'a message without a kind'} after begin")
-                events.put_nowait(await self.engine_thread.call(apply))
+                self.engine_thread.submit(guarded(apply)).add_done_callback(on_applied)
         except asyncio.CancelledError:
             raise
         except Exception as exc:
+            failed = True
             events.put_nowait(status_for(exc))
 
     def _blocks_command(self, request_id: str, blocks: kv_transfer_pb2.KvBlocks):

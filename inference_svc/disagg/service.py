@@ -14,6 +14,7 @@ from inference_svc.native.service import SESSIONS_SERVICE_NAME, NativeInferenceS
 from inference_svc.options import DEFAULT_MAX_SESSIONS, DEFAULT_MAX_STREAMS, DEFAULT_ROLE
 from inference_svc.rpc.servicer import SERVICE_NAME
 from protos import inference_pb2_grpc, kv_transfer_pb2_grpc, sessions_pb2_grpc
+from servicekit.channels import open_channel
 from servicekit.config import ServiceConfig
 from servicekit.server import ServiceRunner
 
@@ -24,8 +25,12 @@ class DisaggInferenceService(NativeInferenceService):
         super().__init__(spec, config, max_streams, max_sessions)
         self.kv_transfer = KvTransferServicer(self.thread, layout_of(self.engine),
                                               self.engine.scheduler.pools()[0].num_blocks)
+        # A hand-off dials the decode replica with this replica's own TLS files (mutual TLS: it presents
+        # its certificate as on every call between services); read at dial time, since the server sets
+        # `runner.tls` after construction.
         self.servicer = DisaggServicer(self.thread, self.servicer.model_info, self.metrics, max_streams, role=role,
-                                       receiver=self.kv_transfer)
+                                       receiver=self.kv_transfer,
+                                       channel_factory=lambda target: open_channel(target, self.runner.tls))
         servicers = [(inference_pb2_grpc.add_InferenceServicer_to_server, self.servicer),
                      (sessions_pb2_grpc.add_SessionsServicer_to_server, self.sessions_servicer),
                      (kv_transfer_pb2_grpc.add_KvTransferServicer_to_server, self.kv_transfer)]

@@ -7,9 +7,9 @@ from inference_svc.engine.events import EngineEvent, EventKind
 from inference_svc.engine.kv_export import KvLayout
 from inference_svc.engine.request import FinishReason
 from inference_svc.engine.sampler import SamplingParams
-from protos.metadata import DECODE_TARGET_KEY  # the StreamPrompt metadata naming the decode replica
 from inference_svc.rpc.convert import FINISH_REASONS, LIFECYCLE_KINDS
 from protos import common_pb2, kv_transfer_pb2
+from protos.metadata import DECODE_TARGET_KEY  # the StreamPrompt metadata naming the decode replica
 
 EVENT_KINDS = {proto: kind for kind, proto in LIFECYCLE_KINDS.items()}
 FINISH_REASON_OF = {proto: reason for reason, proto in FINISH_REASONS.items()}
