@@ -3,7 +3,8 @@
 One figure per section: the streaming speedup against load, against vLLM by CPU kind, by
 eviction mode under memory pressure, a session query's TTFT against context size, decode speed
 against concurrency, the ANNS early results' recall against time, passage KV reuse's quality
-against speed, and prefill speed against prompt length. matplotlib is
+against speed, prefill speed against prompt length, and decode ITL and goodput of disaggregated
+prefill/decode against colocated by load. matplotlib is
 imported only when the plots are written, with its file-only backend; PNGs stay small (dpi 80)
 and carry no software version, so the same summaries give the same files.
 """
@@ -152,8 +153,27 @@ def plot_blend(s: dict[str, Node], plt: Any) -> Any:
     return fig
 
 
+def plot_disagg(s: dict[str, Node], plt: Any) -> Any:
+    rows = list(s["disagg"]["rows"])
+    fig, axes = plt.subplots(1, 2, figsize=(8, 3))
+    panels = ((axes[0], "itl_p99_ms", "decode ITL p99 ms"), (axes[1], "goodput_rps", "goodput requests/s"))
+    for ax, key, label in panels:
+        for mode, marker in (("colocated", "o"), ("disaggregated", "s")):
+            mine = [r for r in rows if str(r["mode"]) == mode]
+            x = [r["rate_rps"].number() for r in mine]
+            cells = [r[key] for r in mine]
+            ax.plot(x, [c["median"].number() for c in cells], marker=marker, label=mode)
+            ax.fill_between(x, [c["min"].number() for c in cells], [c["max"].number() for c in cells], alpha=0.2)
+        ax.set_xlabel("offered requests/s")
+        ax.set_ylabel(label)
+        ax.legend(fontsize=8)
+    axes[1].plot(axes[1].get_xlim(), axes[1].get_xlim(), color="grey", linestyle="--", linewidth=1)
+    return fig
+
+
 PLOTS = {"streaming": plot_streaming, "vllm": plot_vllm, "pressure": plot_pressure, "sessions": plot_sessions,
-         "decode": plot_decode, "retrieval": plot_retrieval, "blend": plot_blend, "engine": plot_engine}
+         "decode": plot_decode, "retrieval": plot_retrieval, "blend": plot_blend, "engine": plot_engine,
+         "disagg": plot_disagg}
 
 
 def write_plots(s: dict[str, Node], out_dir: Path) -> list[Path]:
