@@ -6,15 +6,12 @@ either side."""
 
 from __future__ import annotations
 
-import threading
-
 import pytest
 
-from protos import common_pb2
 from protos.metadata import DECODE_TARGET_KEY
 from tests.disagg.conftest import RunningReplica
 from tests.disagg.test_transfer import DOCS, HEAD, SUFFIX, check_pool, generate
-from tests.service.inference_harness import append_msg, collect, finish_msg, open_msg
+from tests.service.inference_harness import held_until_all_prefilled
 
 POOL = dict(kv_device_blocks=14, kv_cpu_blocks=64, token_budget=32, policy="lcas", enable_prefix_cache=False,
             max_streams=16)
@@ -39,42 +36,15 @@ def test_pairs_under_preemption_on_both_sides_answer_like_generate(small_pair):
     prefill, decode = small_pair
     want = generate(prefill.stub, HEAD + DOCS + SUFFIX, "reference-pressure")
     before = _preemptions(prefill), _preemptions(decode)
-    prefilled = [threading.Event() for _ in range(REQUESTS)]
-    answers: dict[int, object] = {}
-
-    def messages(i: int):
-        yield open_msg(f"pressure-{i}", HEAD, max_tokens=24)
-        for doc in DOCS:
-            yield append_msg(doc)
-        # Hold every context open until all of them were prefilled once: together they need more
-        # blocks than either side has, so both must have preempted someone by then.
-        for event in prefilled:
-            event.wait(120)
-        yield finish_msg(*SUFFIX)
-
-    def run(i: int) -> None:
-        responses = prefill.stub.StreamPrompt(messages(i), timeout=300,
-                                              metadata=((DECODE_TARGET_KEY, decode.address),))
-
-        def watch():
-            for response in responses:
-                event = response.event
-                if (event.WhichOneof("kind") == "lifecycle"
-                        and event.lifecycle.kind == common_pb2.LIFECYCLE_EVENT_KIND_KV_ON_GPU):
-                    prefilled[i].set()
-                yield response
-
-        answers[i] = collect(watch())
-
-    threads = [threading.Thread(target=run, args=(i,)) for i in range(REQUESTS)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    for i in range(REQUESTS):
-        assert answers[i].tokens == want.tokens, i
-        assert "LIFECYCLE_EVENT_KIND_KV_HANDOFF" in answers[i].lifecycle, i      # decoded over there
-        assert "LIFECYCLE_EVENT_KIND_KV_TRANSFER_FALLBACK" not in answers[i].lifecycle, i
+    # Every context is held open until all of them were prefilled once: together they need more
+    # blocks than either side has, so both must have preempted someone by then.
+    answers = held_until_all_prefilled(prefill.stub, REQUESTS, HEAD, DOCS, SUFFIX, max_tokens=24,
+                                       prefix="pressure-", metadata=((DECODE_TARGET_KEY, decode.address),))
+    assert len(answers) == REQUESTS
+    for rid, answer in answers.items():
+        assert answer.tokens == want.tokens, rid
+        assert "LIFECYCLE_EVENT_KIND_KV_HANDOFF" in answer.lifecycle, rid      # decoded over there
+        assert "LIFECYCLE_EVENT_KIND_KV_TRANSFER_FALLBACK" not in answer.lifecycle, rid
     assert _preemptions(prefill) > before[0]
     assert _preemptions(decode) > before[1]
     check_pool(prefill)

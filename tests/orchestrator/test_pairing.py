@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from orchestrator.pairing import Pair, choose_pair
-from protos.metadata import DECODE_TARGET_KEY
 from orchestrator.router import ReplicaRouter
 from protos import inference_pb2
+from protos.metadata import DECODE_TARGET_KEY
 
 P1, P2, D1, D2, BOTH = "prefill-1:1", "prefill-2:1", "decode-1:1", "decode-2:1", "both:1"
 KEY = "You answer questions about Python using the documents below."

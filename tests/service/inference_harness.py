@@ -115,3 +115,41 @@ def paced(messages: Iterable, gap_s: float = 0.0) -> Iterator:
         if i and gap_s:
             time.sleep(gap_s)
         yield message
+
+
+def held_until_all_prefilled(stub, count: int, head: list, docs: list, suffix: list, *, max_tokens: int = 8,
+                             prefix: str = "p", metadata=(), timeout_s: float = 300) -> dict[str, Answer]:
+    """`count` StreamPrompt calls at once, each streaming `head` then `docs`, and holding its finish
+    until every call has had its context on the device once (a KV_ON_GPU event). When the contexts
+    together need more blocks than the pool holds, the engine must have preempted someone by then.
+    Returns each call's answer by request id."""
+    prefilled = [threading.Event() for _ in range(count)]
+    answers: dict[str, Answer] = {}
+
+    def messages(i: int):
+        yield open_msg(f"{prefix}{i}", head, max_tokens=max_tokens)
+        for doc in docs:
+            yield append_msg(doc)
+        for event in prefilled:
+            event.wait(120)
+        yield finish_msg(*suffix)
+
+    def run(i: int) -> None:
+        responses = stub.StreamPrompt(messages(i), timeout=timeout_s, metadata=metadata)
+
+        def watch():
+            for response in responses:
+                event = response.event
+                if (event.WhichOneof("kind") == "lifecycle"
+                        and event.lifecycle.kind == common_pb2.LIFECYCLE_EVENT_KIND_KV_ON_GPU):
+                    prefilled[i].set()
+                yield response
+
+        answers[f"{prefix}{i}"] = collect(watch())
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(count)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return answers

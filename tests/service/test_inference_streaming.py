@@ -16,6 +16,7 @@ from tests.service.inference_harness import (
     append_msg,
     collect,
     finish_msg,
+    held_until_all_prefilled,
     open_msg,
     paced,
     seg,
@@ -130,37 +131,8 @@ def test_tiny_device_pool_preempts_yet_answers_like_generate(embedded_model_dir,
     service = RunningInference(embedded_model_dir, kv_device_blocks=14, kv_cpu_blocks=64, token_budget=32,
                                policy="lcas", eviction=eviction, enable_prefix_cache=False)
     try:
-        answers: dict[str, object] = {}
-        prefilled = [threading.Event() for _ in range(3)]
-
-        def messages(i: int):
-            yield open_msg(f"p{i}", HEAD)
-            for doc in DOCS:
-                yield append_msg(doc)
-            # Hold every context until all three were prefilled once: 3 contexts need ~18 of the
-            # 14 blocks, so the engine must have evicted someone by then.
-            for event in prefilled:
-                event.wait(120)
-            yield finish_msg(*SUFFIX)
-
-        def run(i: int) -> None:
-            responses = service.stub.StreamPrompt(messages(i), timeout=300)
-
-            def watch():
-                for response in responses:
-                    event = response.event
-                    if (event.WhichOneof("kind") == "lifecycle"
-                            and event.lifecycle.kind == common_pb2.LIFECYCLE_EVENT_KIND_KV_ON_GPU):
-                        prefilled[i].set()
-                    yield response
-
-            answers[f"p{i}"] = collect(watch())
-
-        threads = [threading.Thread(target=run, args=(i,)) for i in range(3)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
+        # 3 contexts need ~18 of the 14 blocks: the engine must evict someone before they all finish.
+        answers = held_until_all_prefilled(service.stub, 3, HEAD, DOCS, SUFFIX)
         for rid, answer in answers.items():
             assert answer.tokens == reference.tokens, rid
         counters = service.stats().counters
