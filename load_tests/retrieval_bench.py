@@ -21,6 +21,7 @@ single-index stage bench (`retriever_svc.retrieval_bench`).
 from __future__ import annotations
 
 import argparse
+import shutil
 import statistics
 import sys
 import tempfile
@@ -159,7 +160,10 @@ def open_index(name: str, directory: Path, args: argparse.Namespace, stack: list
     if not uri:
         from retriever_svc.milvus.embedded import EmbeddedMilvus
 
-        data = args.milvus_data or Path(tempfile.mkdtemp(prefix="streamrag-bench-milvus-"))
+        data = args.milvus_data
+        if data is None:                        # a temporary folder goes once the server has stopped
+            data = Path(tempfile.mkdtemp(prefix="streamrag-bench-milvus-"))
+            stack.append(lambda: shutil.rmtree(data, ignore_errors=True))
         server = EmbeddedMilvus(data, 19630).start()
         stack.append(server.stop)
         uri = server.uri

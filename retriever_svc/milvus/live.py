@@ -55,7 +55,7 @@ class MilvusLiveIndex:
         self._merge_lock = threading.Lock()
         self.merging = False
         self._size = store.counts()[1]
-        self._unsealed = 0                 # rows inserted since the last flush
+        self._unsealed: set[int] = set()   # pids inserted since the last flush and not removed since
         self.out_of_step = True            # reconciled at the first merge (and after any failed write)
         with contextlib.suppress(RetrieverUnavailable):   # Milvus down: the background merger retries
             self.merge()
@@ -65,7 +65,7 @@ class MilvusLiveIndex:
         return self._size
 
     def counts(self) -> dict[str, int]:
-        return {"disk_passages": self._size - self._unsealed, "memory_passages": self._unsealed,
+        return {"disk_passages": self._size - len(self._unsealed), "memory_passages": len(self._unsealed),
                 "deleted_passages": 0}
 
     # ---- searching ----
@@ -99,11 +99,12 @@ class MilvusLiveIndex:
             self.out_of_step = True
             raise RetrieverUnavailable(f"{exc}; the change is committed to the collection and reaches Milvus "
                                        "when it answers again") from exc
-        self._unsealed += len(added)
+        self._unsealed.difference_update(int(p) for p in removed)
+        self._unsealed.update(int(p) for p in added)
 
     # ---- reconciling ----
     def needs_merge(self) -> bool:
-        return self.out_of_step or self._unsealed >= MERGE_MEMORY_PASSAGES
+        return self.out_of_step or len(self._unsealed) >= MERGE_MEMORY_PASSAGES
 
     def merge(self, threads: int = 1, wait: bool = True) -> bool:
         """Reconcile Milvus with the store (when out of step) and flush what was inserted since the last one."""
@@ -116,12 +117,14 @@ class MilvusLiveIndex:
                     pids, _ = self.store.vectors()
                     self.milvus.reconcile(pids, self._vectors_of, self.store.max_pid())
                     self.out_of_step = False
-                unsealed, self._unsealed = self._unsealed, 0
+                unsealed, self._unsealed = self._unsealed, set()
             if unsealed:
                 try:
                     self.milvus.flush()
                 except RetrieverUnavailable:
-                    self._unsealed += unsealed
+                    with self._write_lock:            # still unsealed, less what was removed meanwhile
+                        kept = self.store.live_pids(np.fromiter(unsealed, dtype=np.int64))
+                        self._unsealed.update(kept.tolist())
                     raise
             return True
         finally:

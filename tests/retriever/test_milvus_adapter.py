@@ -154,6 +154,9 @@ def test_a_live_collection_mirrors_its_store_in_milvus_through_adds_removes_and_
     removed, count = collection.remove(["doc1.md"])
     assert removed == ["doc1.md"] and count > 0
     assert sorted(milvus.rows) == collection.store.vectors()[0].tolist()
+    # The removed passages were never sealed: none of them is counted as unsealed any more, nor as sealed.
+    info = collection.info()
+    assert (info["memory_passages"], info["disk_passages"]) == (collection.size, 0)
 
     connection.down(True)                      # Milvus goes away: the write is committed, the call says so
     with pytest.raises(RetrieverUnavailable, match="committed to the collection"):
