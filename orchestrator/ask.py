@@ -34,6 +34,7 @@ from orchestrator.failures import (
 )
 from orchestrator.pairing import Pair, choose_pair
 from orchestrator.prompt import document_segment, head_segments, preamble_key, suffix_segments
+from orchestrator.recording import record_finished, record_lifecycle
 from orchestrator.router import NoReplicaAvailable
 from protos import common_pb2, inference_pb2, orchestrator_pb2, retriever_pb2, retriever_pb2_grpc
 
@@ -408,9 +409,7 @@ class AskPipeline:
     async def _on_inference_event(self, event: inference_pb2.InferenceEvent) -> None:
         kind = event.WhichOneof("kind")
         if kind == "lifecycle":
-            name = common_pb2.LifecycleEventKind.Name(event.lifecycle.kind).removeprefix("LIFECYCLE_EVENT_KIND_")
-            await self.store.event(self.s.request_id, name, detail=event.lifecycle.detail,
-                                   count=event.lifecycle.count)
+            await record_lifecycle(self.store, self.s.request_id, event.lifecycle)
             await self.out.put(orchestrator_pb2.AskEvent(lifecycle=event.lifecycle))
         elif kind == "token":
             if self.timeline.first_token is None:
@@ -427,11 +426,8 @@ class AskPipeline:
         ttft_r = (t.first_token - end) if t.first_token else 0.0
         total = time.monotonic() - t.started
         self.router.note_served(self.replica.address, preamble_key())
-        await self.store.update(self.s.request_id, state="FINISHED", answer=done.text, ttft_from_question_s=ttft_q,
-                                ttft_from_retrieval_end_s=ttft_r,
-                                finish_reason=common_pb2.FinishReason.Name(done.finish_reason))
-        await self.store.event(self.s.request_id, "DONE", ttft_from_question_s=round(ttft_q, 4),
-                               ttft_from_retrieval_end_s=round(ttft_r, 4), total_s=round(total, 4))
+        await record_finished(self.store, self.s.request_id, done, ttft_from_question_s=ttft_q, total_s=total,
+                              ttft_from_retrieval_end_s=ttft_r)
         sources = [common_pb2.Document(id=d.id, title=d.title, url=d.url, score=d.score, source=d.source)
                    for d in self.docs.all]
         return orchestrator_pb2.AskEvent(done=orchestrator_pb2.AskDone(

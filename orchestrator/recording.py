@@ -7,8 +7,6 @@ given; these are the rules of what to give it.
 
 from __future__ import annotations
 
-from typing import Any
-
 from orchestrator.lifecycle_store import LifecycleStore, lifecycle_kind_name
 from protos import common_pb2, inference_pb2
 
@@ -18,12 +16,13 @@ async def record_lifecycle(store: LifecycleStore, request_id: str, lifecycle: co
 
 
 async def record_finished(store: LifecycleStore, request_id: str, done: inference_pb2.InferenceDone, *,
-                          ttft_from_question_s: float, total_s: float, **extra: Any) -> None:
-    """The answer is complete: the FINISHED record and its `DONE` event (`extra`: more hash fields)."""
+                          ttft_from_question_s: float, total_s: float, **times_s: float) -> None:
+    """The answer is complete: the FINISHED record and its `DONE` event (`times_s`: more timings in
+    seconds, such as an Ask's `ttft_from_retrieval_end_s`, kept in both)."""
     await store.update(request_id, state="FINISHED", answer=done.text, ttft_from_question_s=ttft_from_question_s,
-                       finish_reason=common_pb2.FinishReason.Name(done.finish_reason), stats=done.stats, **extra)
+                       finish_reason=common_pb2.FinishReason.Name(done.finish_reason), stats=done.stats, **times_s)
     await store.event(request_id, "DONE", ttft_from_question_s=round(ttft_from_question_s, 4),
-                      total_s=round(total_s, 4))
+                      **{name: round(value, 4) for name, value in times_s.items()}, total_s=round(total_s, 4))
 
 
 async def record_failed(store: LifecycleStore, request_id: str, message: str) -> None:

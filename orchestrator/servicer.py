@@ -10,6 +10,7 @@ import grpc
 from orchestrator.ask import AskFailed, AskPipeline, BadAsk, validate_ask
 from orchestrator.lifecycle_store import StoreUnavailable, to_proto
 from orchestrator.metrics import OrchestratorMetrics
+from orchestrator.recording import record_failed
 from orchestrator.router import NoReplicaAvailable
 from protos import inference_pb2, orchestrator_pb2, orchestrator_pb2_grpc
 
@@ -64,8 +65,7 @@ class OrchestratorServicer(orchestrator_pb2_grpc.OrchestratorServicer):
         self.metrics.retrieval.labels(mode).observe(done.retrieval_s)
 
     async def _fail(self, request_id: str, code: grpc.StatusCode, message: str, context) -> None:
-        await self.store.event(request_id, "ERROR", detail=message)
-        await self.store.update(request_id, state="FAILED", error=message)
+        await record_failed(self.store, request_id, message)
         await context.abort(code, message)
 
     async def GetRequest(self, request, context) -> orchestrator_pb2.GetRequestResponse:
