@@ -6,7 +6,9 @@ Two parts, each over `--seeds` (default 0 1 2):
 - **ANNS replay (update mode)**: `streamrag bench replay`'s run (load_tests.replay) on a native
   service per mode: streaming and non-streaming with `--kv-reuse exact`, streaming with
   `--kv-reuse blend`. `anns_p95_speedup_exact` is non-streaming p95 TTFT over streaming exact's,
-  `anns_p95_speedup_blend` the same non-streaming (exact) p95 over streaming blend's.
+  `anns_p95_speedup_blend` the same non-streaming (exact) p95 over streaming blend's. `tokens_computed`
+  counts every prefilled token, reused ones included: blend's reuse is `blend_reused_tokens`, and the
+  slowest blend requests (`slowest_blend`) show their refinement window (no window: nothing to reuse).
 - **Across requests**: questions of load_tests/quality_questions.jsonl drawn with a Zipf skew; each
   question's passages are its answering page's first passages plus passages of a few popular pages
   (from a passage store), in a new order every time they are asked (retrievers rarely return the
@@ -180,31 +182,62 @@ def anns_replay(args: argparse.Namespace, seed: int, say: Callable[[str], None])
     counter = iter(range(1, 1_000_000))
     salt = f"{seed:02d}{random.Random().randrange(100):02d}"
     results: dict[str, Any] = {}
+    rows: list[dict[str, Any]] = []
     for mode, modes in (("exact", (True, False)), ("blend", (True,))):
         service = start_inference_service("native", args.model, policy="fcfs", dtype=args.dtype,
                                           extra_args=[*service_flags(rargs, "native", "cost"), "--kv-reuse", mode],
                                           metrics_port=0)
         configs: list[dict[str, Any]] = []
+        mode_rows: list[dict[str, Any]] = []
         try:
             with open("/dev/null", "w") as sink:
                 asyncio.run(_bench_on(service.address, workloads, rargs, lambda: f"{salt}-{next(counter):04d}", say,
-                                      configs, [], sink, modes))
+                                      configs, mode_rows, sink, modes))
         finally:
             service.stop()
+        rows += [{**row, "mode": mode} for row in mode_rows]
         for entry in configs:
-            results[f"{mode}-{'s' if entry['streaming'] else 'ns'}"] = {
+            key = f"{mode}-{'s' if entry['streaming'] else 'ns'}"
+            results[key] = {
                 "ttft_s": entry["ttft_s"], "requests": entry["requests"], "failed": entry["failed"],
-                "tokens_computed": entry["tokens_computed_total"], "prompt_tokens": entry["prompt_tokens_total"]}
+                "tokens_computed": entry["tokens_computed_total"], "prompt_tokens": entry["prompt_tokens_total"],
+                "blend_reused_tokens": sum(r["blend_reused_tokens"] for r in mode_rows
+                                           if r["streaming"] == entry["streaming"])}
     ns = results["exact-ns"]["ttft_s"]["p95"]
     return {"seed": seed, "runs": results,
             "p95_speedup_exact": ns / results["exact-s"]["ttft_s"]["p95"],
-            "p95_speedup_blend": ns / results["blend-s"]["ttft_s"]["p95"]}
+            "p95_speedup_blend": ns / results["blend-s"]["ttft_s"]["p95"],
+            "slowest_blend": slowest(rows, workloads["anns"])}
+
+
+def refine_window_s(query: Any) -> float:
+    """Seconds from a query's first list to its final one: the time streaming has to prefill (and blend to
+    fill the chunk store) before the last chunk. 0 for a query whose first list is already final."""
+    return query.chunks[-1].t_s - query.chunks[0].t_s
+
+
+def slowest(rows: Sequence[dict[str, Any]], queries: Sequence[Any], n: int = 3) -> list[dict[str, Any]]:
+    """The `n` streaming blend requests with the longest TTFT (what sets the p95): their refinement window,
+    prompt and the tokens they reused. A request whose window is ~0 had nothing prefilled before its last
+    chunk, so nothing for blend to reuse (no earlier query brings its documents either)."""
+    window = {q.query_id: refine_window_s(q) for q in queries}
+    blend = [r for r in rows if r["mode"] == "blend" and r["streaming"] and r.get("ttft_s") is not None]
+    return [{"query": r["query_id"], "ttft_s": round(r["ttft_s"], 3),
+             "refine_window_s": round(window[r["query_id"]], 3), "prompt_tokens": r["prompt_tokens"],
+             "blend_reused_tokens": r["blend_reused_tokens"]}
+            for r in sorted(blend, key=lambda r: -r["ttft_s"])[:n]]
 
 
 # --- the summary -------------------------------------------------------------------------------
 
 def spread(values: Sequence[float]) -> dict[str, float]:
     return {"median": round(statistics.median(values), 3), "min": round(min(values), 3), "max": round(max(values), 3)}
+
+
+def reused_share(run: dict[str, Any]) -> float:
+    """Of the tokens a replay run computed (every prefilled token, refinements' included), the share whose KV
+    blend took from the chunk store (`tokens_computed` alone cannot tell blend's reuse apart)."""
+    return run.get("blend_reused_tokens", 0) / max(1, run["tokens_computed"])
 
 
 def summarize(args: argparse.Namespace, cross: list[dict], anns: list[dict]) -> dict[str, Any]:
@@ -228,6 +261,7 @@ def summarize(args: argparse.Namespace, cross: list[dict], anns: list[dict]) -> 
     if anns:
         out["anns"] = {"p95_speedup_exact": spread([a["p95_speedup_exact"] for a in anns]),
                        "p95_speedup_blend": spread([a["p95_speedup_blend"] for a in anns]),
+                       "blend_reused_share": spread([reused_share(a["runs"]["blend-s"]) for a in anns]),
                        "per_seed": anns}
     out["meta"] = {"default_fraction": default, "seeds": args.seeds, "requests": args.requests, "zipf_s": args.zipf,
                    "max_tokens": args.max_tokens, "dtype": args.dtype, "token_budget": args.token_budget,

@@ -134,6 +134,7 @@ class RequestRecord:
     server_ttft_s: float | None = None     # the service's own ttft_from_last_chunk_s
     prompt_tokens: int = 0
     tokens_computed: int = 0
+    blend_reused_tokens: int = 0           # of tokens_computed, those whose KV came from the chunk store (blend)
     tokens_invalidated: int = 0
     preemptions_swap: int = 0
     preemptions_recompute: int = 0
@@ -178,6 +179,7 @@ async def _read_events(call: Any, record: RequestRecord, clock: _Clock) -> None:
             record.server_ttft_s = stats.ttft_from_last_chunk_s
             record.prompt_tokens = stats.prompt_tokens
             record.tokens_computed = stats.tokens_computed
+            record.blend_reused_tokens = stats.blend_reused_tokens
             record.tokens_invalidated = stats.tokens_invalidated
             record.preemptions_swap = stats.preemptions_swap
             record.preemptions_recompute = stats.preemptions_recompute

@@ -79,6 +79,31 @@ def test_a_refinement_reuses_the_passages_it_moves():
     check_no_leak(engine)
 
 
+def test_a_refinement_that_drops_a_passage_reuses_the_survivors_it_shifts():
+    """The ANNS shape (update mode, the orchestrator's stable order): a non-final list with stability
+    hints is prefilled, the next list drops a middle passage and appends a new one; the survivors after
+    the dropped one move left, past the longest common prefix, and are blended from the store."""
+    engine = fake_engine(device_blocks=128, budget=256, chunk_device_blocks=64)
+    hinted = [Segment(text=d.text, key=d.key, stability=0.85) for d in DOCS[:4]]
+    engine.open("r", HEAD, BLEND)
+    engine.update("r", hinted, final=False)
+    events = []
+    for _ in range(3):
+        events += engine.step()
+    request = engine.requests["r"]
+    assert request.num_computed_tokens == request.num_prompt_tokens       # the whole list prefilled
+    engine.update("r", [DOCS[0], DOCS[2], DOCS[3], DOCS[4]], final=True)
+    kept = request.num_computed_tokens
+    survivors_end = request.context_spans[2][1]
+    assert kept < request.context_spans[1][1]         # KV kept up to the dropped passage (a few shared tokens)
+    engine.finish("r", SUFFIX)
+    events += run_to_completion(engine)
+    check_answers(engine, events, ["r"])
+    stats = request.stats
+    assert stats.chunk_cache_hits == 2 and stats.blend_reused_tokens == survivors_end - kept
+    check_no_leak(engine)
+
+
 def test_spill_to_cpu_and_reuse_from_there():
     # 16 device blocks for the store: two passages of 32 tokens (8 blocks of 4 each)
     engine = fake_engine(device_blocks=96, cpu_blocks=64, budget=256, chunk_device_blocks=16)
