@@ -148,12 +148,10 @@ def build_service(args: argparse.Namespace, config: ServiceConfig) -> NativeInfe
     model_dir = checked_model_dir(args)
     checked_pool(args, model_dir)
     if args.backend == "vllm":
-        if args.role != "both":
-            raise SystemExit(f"error: --role {args.role} needs the native backend (vLLM: docs/vllm.md)")
         spec = vllm_spec(args, model_dir)
         from inference_svc.vllm_backend.service import VllmInferenceService  # imports vllm: only on this path
 
-        service = VllmInferenceService(spec, config, args.max_streams)
+        service = VllmInferenceService(spec, config, args.max_streams, role=args.role)
     else:
         service = DisaggInferenceService(native_spec(args, model_dir), config, args.max_streams, args.max_sessions,
                                          role=args.role)

@@ -157,11 +157,28 @@ def prepare_environment(spec: VllmSpec) -> None:
         os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
 
 
-def engine_args(spec: VllmSpec) -> Any:
-    """The `AsyncEngineArgs` for `spec` (imports vllm)."""
+# Our KV connector (disaggregated prefill and decode, `kv_connector.py`), loaded by vLLM from this module.
+KV_CONNECTOR_CLASS = "StreamragKvConnector"
+KV_CONNECTOR_MODULE = "inference_svc.vllm_backend.kv_connector"
+
+
+def kv_transfer_config(spool: str) -> dict[str, Any]:
+    """vLLM's `kv_transfer_config` for our connector, handing KV through the `spool` directory. Every
+    such replica both ships (when it prefills for a decode replica) and loads (when it decodes)."""
+    from inference_svc.vllm_backend.kv_spool import SPOOL_CONFIG_KEY
+
+    return {"kv_connector": KV_CONNECTOR_CLASS, "kv_connector_module_path": KV_CONNECTOR_MODULE,
+            "kv_role": "kv_both", "kv_connector_extra_config": {SPOOL_CONFIG_KEY: spool}}
+
+
+def engine_args(spec: VllmSpec, kv_spool: str | None = None) -> Any:
+    """The `AsyncEngineArgs` for `spec` (imports vllm); with `kv_spool`, our KV connector on it."""
+    from vllm.config import KVTransferConfig
     from vllm.engine.arg_utils import AsyncEngineArgs
 
     extra: dict[str, Any] = {}
+    if kv_spool is not None:
+        extra["kv_transfer_config"] = KVTransferConfig(**kv_transfer_config(kv_spool))
     if spec.engine_block_size is not None:
         extra["block_size"] = spec.engine_block_size
     if spec.kv_device_blocks is not None:

@@ -59,12 +59,13 @@ class CountersLogger(StatLoggerBase):
         pass
 
 
-def start_engine(spec: VllmSpec) -> tuple[AsyncLLM, VllmCounters]:
-    """Create the engine (spawns vLLM's engine core process). Call before the gRPC server starts."""
+def start_engine(spec: VllmSpec, kv_spool: str | None = None) -> tuple[AsyncLLM, VllmCounters]:
+    """Create the engine (spawns vLLM's engine core process). Call before the gRPC server starts.
+    `kv_spool`: run our KV connector through that directory (disaggregated prefill and decode)."""
     prepare_environment(spec)
     counters = VllmCounters()
     logger_cls = type("StreamragCountersLogger", (CountersLogger,), {"counters": counters})
-    args: AsyncEngineArgs = engine_args(spec)
+    args: AsyncEngineArgs = engine_args(spec, kv_spool)
     vllm_config = args.create_engine_config()
     scheduler = vllm_config.scheduler_config
     if scheduler.scheduler_cls is not None and not scheduler.async_scheduling:

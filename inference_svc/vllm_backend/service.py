@@ -10,19 +10,24 @@ from pathlib import Path
 import torch
 
 from inference_svc.engine.factory import load_tokenizer
+from inference_svc.engine.kv_export import KvLayout
 from inference_svc.engine.policies import make_policy
 from inference_svc.engine.tokenization import SegmentTokenizer
-from inference_svc.options import DEFAULT_MAX_STREAMS
+from inference_svc.options import DEFAULT_MAX_STREAMS, DEFAULT_ROLE
 from inference_svc.rpc.chat_format import chat_format
 from inference_svc.rpc.metrics import InferenceMetrics
 from inference_svc.rpc.servicer import SERVICE_NAME
 from inference_svc.vllm_backend.config import VLLM_RESERVED_BLOCKS, VllmSpec
 from inference_svc.vllm_backend.engine import start_engine
+from inference_svc.vllm_backend.handoff import VllmDisaggServicer
+from inference_svc.vllm_backend.kv_receiver import SERVICE_NAME as KV_TRANSFER_SERVICE_NAME
+from inference_svc.vllm_backend.kv_receiver import VllmKvTransferServicer
+from inference_svc.vllm_backend.kv_spool import KvSpool, default_spool_root
 from inference_svc.vllm_backend.pressure import IdleSessionEvictor
 from inference_svc.vllm_backend.prompt import PromptLimits, StreamedPrompt
 from inference_svc.vllm_backend.servicer import VllmServicer
 from inference_svc.vllm_backend.stats import StatsSource
-from protos import inference_pb2, inference_pb2_grpc
+from protos import inference_pb2, inference_pb2_grpc, kv_transfer_pb2_grpc
 from servicekit.config import ServiceConfig
 from servicekit.server import ServiceRunner
 
@@ -53,9 +58,13 @@ def kv_bytes_per_block(hf_config, block_size: int, dtype: str) -> int:
 class VllmInferenceService:
     """Same surface as `native.service.NativeInferenceService` (start/stop/runner)."""
 
-    def __init__(self, spec: VllmSpec, config: ServiceConfig, max_streams: int = DEFAULT_MAX_STREAMS) -> None:
+    def __init__(self, spec: VllmSpec, config: ServiceConfig, max_streams: int = DEFAULT_MAX_STREAMS,
+                 role: str = DEFAULT_ROLE) -> None:
         self.spec = spec
-        self.llm, counters = start_engine(spec)
+        self.role = role
+        # A prefill or decode replica runs our KV connector (docs/vllm.md, "Disaggregated prefill and decode")
+        self.spool = KvSpool(default_spool_root()) if role != DEFAULT_ROLE else None
+        self.llm, counters = start_engine(spec, str(self.spool.root) if self.spool else None)
         tokenizer = load_tokenizer(spec.model_dir)
         segment_tokenizer = SegmentTokenizer(tokenizer)
         cache = self.llm.vllm_config.cache_config
@@ -73,10 +82,24 @@ class VllmInferenceService:
         stats = StatsSource(counters, total_blocks, block_size,
                             kv_bytes_per_block(model_config.hf_config, block_size, spec.dtype),
                             info.model, spec.policy, info.token_budget)
-        self.servicer = VllmServicer(self.llm, lambda: StreamedPrompt(segment_tokenizer, limits),
-                                     segment_tokenizer.decode, stats, info, self.metrics, max_streams)
-        self.runner = ServiceRunner(config, [(inference_pb2_grpc.add_InferenceServicer_to_server, self.servicer)],
-                                    [SERVICE_NAME], registry=self.metrics.registry)
+        new_prompt = lambda: StreamedPrompt(segment_tokenizer, limits)   # noqa: E731
+        common = (self.llm, new_prompt, segment_tokenizer.decode, stats)
+        services = [SERVICE_NAME]
+        self.kv_transfer = None
+        if self.spool is None:
+            self.servicer = VllmServicer(*common, info, self.metrics, max_streams)
+        else:
+            parallel = self.llm.vllm_config.parallel_config
+            layout = KvLayout(model_config.get_num_layers(parallel), model_config.get_num_kv_heads(parallel),
+                              model_config.get_head_size(), block_size, spec.dtype)
+            self.kv_transfer = VllmKvTransferServicer(*common, layout, total_blocks - VLLM_RESERVED_BLOCKS, self.spool)
+            self.servicer = VllmDisaggServicer(*common, info, self.metrics, max_streams, role=role, layout=layout,
+                                               spool=self.spool, receiver=self.kv_transfer)
+            services.append(KV_TRANSFER_SERVICE_NAME)
+        servicers = [(inference_pb2_grpc.add_InferenceServicer_to_server, self.servicer)]
+        if self.kv_transfer is not None:
+            servicers.append((kv_transfer_pb2_grpc.add_KvTransferServicer_to_server, self.kv_transfer))
+        self.runner = ServiceRunner(config, servicers, services, registry=self.metrics.registry)
         self._evictor: asyncio.Task | None = None
 
     async def start(self, handle_signals: bool = True) -> int:
@@ -93,7 +116,11 @@ class VllmInferenceService:
         if self._evictor is not None:
             self._evictor.cancel()
         await self.runner.stop(grace_s)
+        if isinstance(self.servicer, VllmDisaggServicer):
+            await self.servicer.close_channels()
         self.shutdown()
 
     def shutdown(self) -> None:
         self.llm.shutdown()
+        if self.spool is not None:
+            self.spool.remove()

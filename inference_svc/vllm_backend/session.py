@@ -187,10 +187,11 @@ class VllmRequest:
     # --- incarnations -------------------------------------------------------------------------
     def _start_session(self, first: list[int]) -> None:
         self._inputs = asyncio.Queue()
-        self._inputs.put_nowait(StreamingInput(TokensPrompt(prompt_token_ids=list(first)), intermediate_params()))
+        params = self._with_kv_params(intermediate_params())
+        self._inputs.put_nowait(StreamingInput(TokensPrompt(prompt_token_ids=list(first)), params))
         self._turns_sent = 1
         self._final_turn = None
-        self._launch(self._session(self._inputs), len(first))
+        self._launch(self._session(self._inputs, params), len(first))
 
     def _submit_up_to(self, end: int, wait: bool = True) -> None:
         """Send the prompt's tokens up to `end` that vLLM does not have yet: a new session, or the
@@ -233,15 +234,30 @@ class VllmRequest:
     def _vllm_id(self) -> str:
         return f"{self.request_id}#{self._incarnation + 1}"
 
-    def _session(self, inputs: asyncio.Queue) -> AsyncIterator:
+    def _session(self, inputs: asyncio.Queue, first: VllmSamplingParams = INTERMEDIATE) -> AsyncIterator:
         async def chunks():
             while (item := await inputs.get()) is not _END:
                 yield item
 
-        return self.llm.generate(chunks(), INTERMEDIATE, self._vllm_id())
+        return self.llm.generate(chunks(), first, self._vllm_id())
 
     def _plain(self, tokens: list[int], params: VllmSamplingParams) -> AsyncIterator:
-        return self.llm.generate(TokensPrompt(prompt_token_ids=list(tokens)), params, self._vllm_id())
+        return self.llm.generate(TokensPrompt(prompt_token_ids=list(tokens)), self._with_kv_params(params),
+                                 self._vllm_id())
+
+    # --- disaggregation (handoff.py, kv_receiver.py) ------------------------------------------
+    def _kv_params(self) -> dict | None:
+        """`kv_transfer_params` for our KV connector on a new submission (None: not touched)."""
+        return None
+
+    def _with_kv_params(self, params: VllmSamplingParams) -> VllmSamplingParams:
+        kv = self._kv_params()
+        if kv is not None:
+            params.extra_args = {**(params.extra_args or {}), "kv_transfer_params": kv}
+        return params
+
+    def _after_turn(self) -> None:
+        """A turn of the current incarnation ended (its KV is computed)."""
 
     async def _consume(self, incarnation: int, outputs: AsyncIterator) -> None:
         turn = 0
@@ -266,6 +282,7 @@ class VllmRequest:
                         if incarnation == self._incarnation:
                             self._turns_done = turn
                             self._send_held()     # what arrived during the turn, as the next one
+                            self._after_turn()
         except asyncio.CancelledError:
             raise
         except Exception as exc:   # vLLM rejected the input or failed: end the call with its message
