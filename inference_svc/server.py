@@ -119,7 +119,8 @@ def native_spec(args: argparse.Namespace, model_dir: Path) -> EngineSpec:
                             speculative_share=args.speculative_share,
                             speculative_reserve_share=args.speculative_reserve_share,
                             speculative_append_share=args.speculative_append_share,
-                            kv_reuse=args.kv_reuse, blend_recompute=args.blend_recompute))
+                            kv_reuse=args.kv_reuse, blend_recompute=args.blend_recompute,
+                            chunk_store_fill=args.chunk_store_fill))
 
 
 def vllm_spec(args: argparse.Namespace, model_dir: Path) -> VllmSpec:

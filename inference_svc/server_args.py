@@ -11,7 +11,9 @@ import argparse
 from pathlib import Path
 
 from inference_svc.engine.options import (
+    CHUNK_STORE_FILL_CHOICES,
     DEFAULT_BLEND_RECOMPUTE,
+    DEFAULT_CHUNK_STORE_FILL,
     DEFAULT_DEVICE,
     DEFAULT_DTYPE,
     DEFAULT_EVICTION,
@@ -111,6 +113,11 @@ def add_speculative_args(parser: argparse.ArgumentParser, env=lambda key, defaul
     parser.add_argument("--kv-reuse", choices=KV_REUSE_CHOICES, default=env("kv_reuse", DEFAULT_KV_REUSE),
                         help=f"native engine: KV reuse of requests that name none (default {DEFAULT_KV_REUSE}); "
                              "blend reuses cached retrieved passages at new positions, approximately")
+    parser.add_argument("--chunk-store-fill", choices=CHUNK_STORE_FILL_CHOICES,
+                        default=env("chunk_store_fill", DEFAULT_CHUNK_STORE_FILL),
+                        help=f"native engine: which requests fill the chunk store with the passages they prefill "
+                             f"(default {DEFAULT_CHUNK_STORE_FILL}: only blend-mode ones; all: exact-mode ones too, "
+                             f"for later blend requests)")
     parser.add_argument("--blend-recompute", type=blend_recompute_arg,
                         default=env("blend_recompute", str(DEFAULT_BLEND_RECOMPUTE)),
                         help=f"native engine, blend: share of a reused passage's tokens recomputed, in [0, 1] "

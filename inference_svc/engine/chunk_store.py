@@ -8,8 +8,10 @@ rotated by the position delta when the passage is reused elsewhere: `blend.py`).
 
 - Filled (`capture`) when a request in blend mode prefills a keyed context segment (a retrieved
   passage) as its own segment: after the forward that computes its last token the runner copies
-  the passage's KV from the request's blocks into the entry's blocks. Exact-mode requests never
-  fill it, so exact mode holds no store block and is unchanged.
+  the passage's KV from the request's blocks into the entry's blocks. By default exact-mode
+  requests never fill it, so exact mode holds no store block and is unchanged; with
+  `EngineConfig.chunk_store_fill = "all"` (`--chunk-store-fill all`) they fill it too (their KV
+  is the model's own; they never read the store).
 - LRU under the eviction mode: past its device capacity, or when a request needs device blocks
   (`reclaim_device`, before any preemption), the least recently used entry spills to the CPU pool
   (eviction `swap`/`cost`) or is dropped (`recompute`); CPU entries are dropped, least recently

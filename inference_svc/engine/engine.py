@@ -28,8 +28,10 @@ from inference_svc.engine.events import EngineEvent, EventKind
 from inference_svc.engine.kv_manager import KVCacheManager
 from inference_svc.engine.model_runner import ChunkInput
 from inference_svc.engine.options import (
+    CHUNK_STORE_FILL_CHOICES,
     DEFAULT_BLEND_RECOMPUTE,
     DEFAULT_BLOCK_SIZE,
+    DEFAULT_CHUNK_STORE_FILL,
     DEFAULT_DRAFT_BUDGET,
     DEFAULT_EVICTION,
     DEFAULT_KV_REUSE,
@@ -115,6 +117,7 @@ class EngineConfig:
     kv_reuse: str = DEFAULT_KV_REUSE
     blend_recompute: float = DEFAULT_BLEND_RECOMPUTE
     chunk_device_blocks: int | None = None
+    chunk_store_fill: str = DEFAULT_CHUNK_STORE_FILL   # options.CHUNK_STORE_FILL_CHOICES
 
 
 @dataclass
@@ -163,9 +166,13 @@ class Engine:
         self.max_model_len = min(config.max_model_len or model_len, model_len)
         self.cost_model = cost_model or CostModel.builtin()
         self.policy = make_policy(config.policy, **config.policy_options)
+        if config.chunk_store_fill not in CHUNK_STORE_FILL_CHOICES:
+            raise ValueError(f"chunk_store_fill must be one of {', '.join(CHUNK_STORE_FILL_CHOICES)}, "
+                             f"got {config.chunk_store_fill!r}")
         self.scheduler = Scheduler(SchedulerConfig(config.token_budget, config.max_running, config.eviction,
                                                    config.speculative_share, config.speculative_reserve_share,
-                                                   config.speculative_append_share),
+                                                   config.speculative_append_share,
+                                                   fill_chunks_from_exact=config.chunk_store_fill == "all"),
                                    self.policy, KVCacheManager(config.num_device_blocks, config.num_cpu_blocks,
                                                                config.block_size, config.enable_prefix_cache,
                                                                config.chunk_device_blocks,

@@ -287,11 +287,12 @@ class KVCacheManager:
         return self.chunks.reclaim_device(num_blocks)
 
     def plan_reuse(self, request_id: str, prompt_token_ids: Sequence[int], spans: Sequence[tuple[int, int]],
-                   start: int, num_tokens: int, fraction: float) -> ReusePlan:
+                   start: int, num_tokens: int, fraction: float, reuse: bool = True) -> ReusePlan:
         """A blend-mode chunk computing positions [start, start + num_tokens) of a request whose keyed
         context segments (retrieved passages) sit at `spans`: the cached passages it reuses (any
         position; the part inside the chunk) and the passages it completes, to capture. The request's
-        device table already covers the chunk."""
+        device table already covers the chunk. Without `reuse` (an exact-mode chunk filling the
+        store) nothing is looked up or reused: only the captures."""
         plan = ReusePlan()
         end = start + num_tokens
         spans_used: list[ReusedSpan] = []
@@ -300,9 +301,9 @@ class KVCacheManager:
             if b <= start or a >= end or b - a < MIN_CHUNK_TOKENS:
                 continue
             tokens = prompt_token_ids[a:b]
-            first_look = b <= end      # counted once per passage: in the chunk that completes it
+            first_look = reuse and b <= end      # counted once per passage: in the chunk that completes it
             plan.lookups += first_look
-            entry = self.chunks.lookup(tokens)
+            entry = self.chunks.lookup(tokens) if reuse else None
             if entry is not None:
                 plan.hits += first_look
                 lo, hi = max(a, start), min(b, end)

@@ -106,6 +106,12 @@ DEFAULT_KV_CPU_BLOCKS = 2048        # the swap pool
 KV_REUSE_CHOICES = ("exact", "blend")
 DEFAULT_KV_REUSE = "exact"
 DEFAULT_BLEND_RECOMPUTE = 0.15      # CacheBlend's default share
+# Which requests fill the chunk store with the passages they prefill: "blend" (only blend-mode
+# requests: an exact-mode request holds no store block, so exact serving is unchanged) or "all"
+# (exact-mode requests too: their passages' KV, computed exactly, serves later blend requests; the
+# copies and the store's blocks are then shared by every request).
+CHUNK_STORE_FILL_CHOICES = ("blend", "all")
+DEFAULT_CHUNK_STORE_FILL = "blend"
 
 
 def check_kv_reuse(mode: str, fraction: float | None) -> None:

@@ -76,6 +76,7 @@ class SchedulerConfig:
     speculative_share: float | None = DEFAULT_SPECULATIVE_SHARE   # None: one tier, the policy's order alone
     speculative_reserve_share: float = DEFAULT_SPECULATIVE_RESERVE_SHARE
     speculative_append_share: float = DEFAULT_SPECULATIVE_APPEND_SHARE
+    fill_chunks_from_exact: bool = False    # exact-mode requests fill the chunk store too (options.CHUNK_STORE_FILL)
 
     def __post_init__(self) -> None:
         if self.token_budget < 1 or self.max_running < 1:
@@ -392,9 +393,11 @@ class Scheduler:
                 if request.stats.first_scheduled_time is None:
                     request.stats.first_scheduled_time = now
                 out.newly_scheduled.append(request)
-        for chunk in out.chunks:     # blend mode: the chunk store, once every chosen request holds its blocks
+        for chunk in out.chunks:     # the chunk store, once every chosen request holds its blocks
             if chunk.request.stats.kv_reuse == "blend":
-                self._plan_reuse(chunk, out)
+                self._plan_reuse(chunk, out, reuse=True)
+            elif self.config.fill_chunks_from_exact and chunk.request.context_spans:
+                self._plan_reuse(chunk, out, reuse=False)
         finished = RequestState.FINISHED
         for request in plan.not_chosen:
             # passed over if runnable (`Request.is_runnable`, inlined: this visits every request)
@@ -437,10 +440,12 @@ class Scheduler:
             self._admit(child)
         return copies
 
-    def _plan_reuse(self, chunk: ScheduledChunk, out: SchedulerOutput) -> None:
+    def _plan_reuse(self, chunk: ScheduledChunk, out: SchedulerOutput, reuse: bool) -> None:
+        """Blend mode (`reuse`): cached passages this chunk reuses and the passages it fills; exact mode
+        (the store filled from every request): only the passages it fills, its own KV untouched."""
         request = chunk.request
         plan = self.kv.plan_reuse(request.request_id, request.prompt_token_ids, request.context_spans, chunk.start,
-                                  chunk.num_tokens, request.blend_recompute)
+                                  chunk.num_tokens, request.blend_recompute, reuse=reuse)
         if plan.moves:
             out.block_moves.append((BlockMove.OUT, plan.moves))
         chunk.reuse = plan.reuse

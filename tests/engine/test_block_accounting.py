@@ -25,10 +25,12 @@ docs = st.lists(st.sampled_from(range(len(DOC_TEXTS))), min_size=1, max_size=3).
 
 class EngineMachine(RuleBasedStateMachine):
     requests = Bundle("requests")
+    chunk_store_fill = "blend"
 
     def __init__(self) -> None:
         super().__init__()
-        self.engine = fake_engine(device_blocks=24, cpu_blocks=12, budget=16, policy="lcas", eviction="cost")
+        self.engine = fake_engine(device_blocks=24, cpu_blocks=12, budget=16, policy="lcas", eviction="cost",
+                                  chunk_store_fill=self.chunk_store_fill)
         self.counter = 0
         self.tokens: dict[str, list[int]] = {}
 
@@ -130,3 +132,13 @@ class EngineMachine(RuleBasedStateMachine):
 EngineMachine.TestCase.settings = settings(max_examples=60, stateful_step_count=40, deadline=None,
                                            suppress_health_check=[HealthCheck.too_slow])
 test_block_accounting = EngineMachine.TestCase
+
+
+class EngineMachineFillAll(EngineMachine):
+    """The same, with exact-mode requests filling the chunk store too (`--chunk-store-fill all`)."""
+
+    chunk_store_fill = "all"
+
+
+EngineMachineFillAll.TestCase.settings = EngineMachine.TestCase.settings
+test_block_accounting_fill_all = EngineMachineFillAll.TestCase

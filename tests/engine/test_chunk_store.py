@@ -49,6 +49,28 @@ def test_exact_mode_never_fills_the_store():
     assert engine.requests["b"].stats.kv_reuse == "exact" and engine.requests["b"].stats.blend_reused_tokens == 0
 
 
+def test_with_fill_all_exact_requests_fill_the_store_for_blend_requests_and_read_nothing():
+    engine = fake_engine(budget=256, chunk_device_blocks=32, chunk_store_fill="all")
+    ask(engine, "exact-1", DOCS[:3], SamplingParams(max_tokens=4))
+    events = run_to_completion(engine)
+    assert len(engine.scheduler.kv.chunks.entries) == 3          # filled by an exact-mode request
+    ask(engine, "exact-2", [DOCS[2], DOCS[0]], SamplingParams(max_tokens=4))
+    ask(engine, "blend", [DOCS[3], DOCS[2], DOCS[0]])
+    events += run_to_completion(engine)
+    check_answers(engine, events, ["exact-1", "exact-2", "blend"])
+    exact = engine.requests["exact-2"].stats
+    assert (exact.chunk_cache_lookups, exact.blend_reused_tokens) == (0, 0)   # exact never reads it
+    blend = engine.requests["blend"].stats
+    assert (blend.chunk_cache_lookups, blend.chunk_cache_hits) == (3, 2)
+    assert blend.blend_reused_tokens == 2 * len(DOCS[0].text)
+    check_no_leak(engine)
+
+
+def test_a_bad_chunk_store_fill_is_refused():
+    with pytest.raises(ValueError, match="chunk_store_fill"):
+        fake_engine(chunk_store_fill="sometimes")
+
+
 @pytest.mark.parametrize("update", [False, True], ids=["append", "update"])
 def test_cached_passages_are_reused_at_new_positions(update):
     engine = fake_engine(budget=256, chunk_device_blocks=32)
