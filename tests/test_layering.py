@@ -38,8 +38,9 @@ INFERENCE_ROOMS = {
     "engine": set(),
     "rpc": {"engine", "options"},
     "native": {"engine", "rpc", "options"},
-    "vllm_backend": {"engine", "rpc", "options"},
-    "disagg": {"engine", "rpc", "native", "options"},   # the native service plus KV transfer between replicas
+    "kv_transfer": {"engine", "rpc", "options"},   # the KV transfer both backends speak
+    "vllm_backend": {"engine", "rpc", "options", "kv_transfer"},
+    "disagg": {"engine", "rpc", "native", "options", "kv_transfer"},   # the native hand-off
 }
 
 

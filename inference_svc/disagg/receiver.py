@@ -8,45 +8,26 @@ appended and the engine computes them itself; the answer is the same. `truncate`
 first `valid_tokens` tokens (the engine's own invalidation), `finish` lets the request decode: the
 engine computes the last prompt token, samples the first token and decodes. Every message is acked
 once applied; the request's events follow on the same call. The call ending, any way, aborts the
-request, so its blocks are freed.
+request, so its blocks are freed. The first message's checks and the responses are
+`receive_call`'s, shared with the vLLM backend.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from dataclasses import dataclass
 
-import grpc
-
-from inference_svc.disagg.wire import layout_from_proto
 from inference_svc.engine.engine import Engine
-from inference_svc.engine.events import EngineEvent, EventKind
-from inference_svc.engine.kv_export import KvLayout, blocks_for_range, from_bytes, import_blocks
+from inference_svc.engine.kv_export import KvLayout, import_blocks
 from inference_svc.engine.request import Segment
+from inference_svc.kv_transfer.receive_call import SERVICE_NAME, Ack, abort_for, check_blocks, read_begin, respond
 from inference_svc.native.engine_thread import EngineThread
-from inference_svc.rpc.convert import check_request_id, done_to_proto, event_to_proto, sampling_from_proto
-from inference_svc.rpc.errors import (
-    ErrorStatus,
-    KvLayoutMismatch,
-    KvTransferError,
-    KvTransferTooLarge,
-    KvTransferUnknownRequest,
-    status_for,
-)
-from inference_svc.rpc.summary import RequestSummary
+from inference_svc.rpc.errors import KvTransferError, KvTransferUnknownRequest, status_for
 from protos import kv_transfer_pb2, kv_transfer_pb2_grpc
-from servicekit.server import UndecodableRequest
 
 log = logging.getLogger(__name__)
-SERVICE_NAME = kv_transfer_pb2.DESCRIPTOR.services_by_name["KvTransfer"].full_name
 
-
-@dataclass(frozen=True)
-class Ack:
-    tokens: int
-    imported: int
-    finished: bool = False
+__all__ = ["SERVICE_NAME", "Ack", "KvTransferServicer"]
 
 
 class KvTransferServicer(kv_transfer_pb2_grpc.KvTransferServicer):
@@ -58,29 +39,7 @@ class KvTransferServicer(kv_transfer_pb2_grpc.KvTransferServicer):
         self.active = 0         # transfers open now
 
     async def Transfer(self, request_iterator, context):
-        try:
-            first = await anext(aiter(request_iterator))
-        except StopAsyncIteration:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "empty transfer: the first message must be begin")
-        except UndecodableRequest as exc:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
-        request_id = first.request_id
-        try:
-            check_request_id(request_id)
-            if not request_id:
-                raise KvTransferError("request_id must not be empty")
-            if first.WhichOneof("kind") != "begin":
-                raise KvTransferUnknownRequest(
-                    f"{first.WhichOneof('kind') or 'message'} for request {request_id!r}: no transfer is open for it "
-                    "(the first message must be begin)")
-            begin = first.begin
-            if layout_from_proto(begin.layout) != self.layout:
-                raise KvLayoutMismatch(f"KV layout {layout_from_proto(begin.layout)} differs from this replica's "
-                                       f"{self.layout}")
-            sampling = sampling_from_proto(begin.sampling, begin.HasField("sampling"))
-        except Exception as exc:
-            error = status_for(exc)
-            await context.abort(error.code, error.message)
+        request_id, begin, sampling = await read_begin(request_iterator, context, self.layout)
         events = self.engine_thread.subscribe(request_id)
         opened = False
         reader = None
@@ -89,30 +48,12 @@ class KvTransferServicer(kv_transfer_pb2_grpc.KvTransferServicer):
             try:
                 await self.engine_thread.call(lambda e: e.open(request_id, (), sampling, begin.priority))
             except Exception as exc:
-                error = status_for(exc)
-                await context.abort(error.code, error.message)
+                await abort_for(context, exc)
             opened = True
             self.calls += 1
             reader = asyncio.create_task(self._read(request_iterator, request_id, events))
-            token_index = 0
-            text: list[str] = []
-            while True:
-                item = await events.get()
-                if isinstance(item, Ack):
-                    yield kv_transfer_pb2.TransferResponse(ack=kv_transfer_pb2.KvAck(
-                        tokens=item.tokens, imported_tokens=item.imported, finished=item.finished))
-                elif isinstance(item, RequestSummary):
-                    yield kv_transfer_pb2.TransferResponse(event=done_to_proto(item, "".join(text)))
-                    return
-                elif isinstance(item, ErrorStatus):
-                    await context.abort(item.code, item.message)
-                elif isinstance(item, BaseException):
-                    await context.abort(grpc.StatusCode.INTERNAL, f"engine error: {item}")
-                elif isinstance(item, EngineEvent):
-                    yield kv_transfer_pb2.TransferResponse(event=event_to_proto(item, token_index, 0.0))
-                    if item.kind is EventKind.TOKEN:
-                        token_index += 1
-                        text.append(item.text)
+            async for response in respond(events, context):
+                yield response
         finally:
             self.active -= 1
             if reader is not None:
@@ -174,20 +115,8 @@ class KvTransferServicer(kv_transfer_pb2_grpc.KvTransferServicer):
 
     def _blocks_command(self, request_id: str, blocks: kv_transfer_pb2.KvBlocks):
         """Validated here, on the event loop; applied on the engine thread."""
-        bs = self.layout.block_size
+        data = check_blocks(blocks, self.layout, self.num_device_blocks)
         start, token_ids = blocks.start_token, list(blocks.token_ids)
-        if blocks.num_blocks > self.num_device_blocks:
-            raise KvTransferTooLarge(f"{blocks.num_blocks} blocks exceed this replica's device pool "
-                                     f"({self.num_device_blocks} blocks)")
-        if start < 0 or start % bs or not token_ids:
-            raise KvTransferError(f"blocks must start at a multiple of the block size ({bs}) and carry tokens")
-        if blocks.num_blocks != blocks_for_range(start, start + len(token_ids), bs):
-            raise KvTransferError(f"{len(token_ids)} tokens take {blocks_for_range(start, start + len(token_ids), bs)} "
-                                  f"blocks, not {blocks.num_blocks}")
-        try:
-            data = from_bytes(blocks.data, self.layout, blocks.num_blocks)
-        except ValueError as exc:
-            raise KvTransferError(str(exc)) from exc
 
         def apply(engine: Engine) -> Ack:
             request = _receiving(engine, request_id)

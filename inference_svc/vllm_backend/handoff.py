@@ -21,39 +21,28 @@ UNAVAILABLE (the native backend resubmits the prompt and the relayed tokens ther
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import contextvars
 import dataclasses
 import logging
 import time
 
 import grpc
 
-from inference_svc.disagg.sender import MAX_MESSAGE_BYTES, RELAYED_KINDS
-from inference_svc.disagg.wire import (
-    DECODE_TARGET_KEY,
-    event_from_proto,
-    finish_reason,
-    layout_to_proto,
-    sampling_to_proto,
-)
 from inference_svc.engine.engine import lcp_length
-from inference_svc.engine.events import EngineEvent, EventKind
-from inference_svc.engine.kv_export import KvLayout, to_bytes
+from inference_svc.engine.events import EventKind
+from inference_svc.engine.kv_export import KvLayout
 from inference_svc.engine.request import RequestStats, Segment
 from inference_svc.engine.sampler import SamplingParams
+from inference_svc.kv_transfer.decode_targets import DecodeTargets
+from inference_svc.kv_transfer.transfer_call import MAX_MESSAGE_BYTES, TransferCall, TransferFailed
+from inference_svc.kv_transfer.wire import finish_reason
 from inference_svc.rpc.errors import ErrorStatus
 from inference_svc.rpc.summary import RequestSummary
 from inference_svc.vllm_backend.kv_spool import SHIP_KEY, KvSpool
 from inference_svc.vllm_backend.servicer import VllmServicer
 from inference_svc.vllm_backend.session import VllmRequest
-from protos import kv_transfer_pb2, kv_transfer_pb2_grpc
-from servicekit.channels import open_channel
+from protos import kv_transfer_pb2_grpc
 
 log = logging.getLogger(__name__)
-
-# The decode replica the running StreamPrompt call asked for ("" = none); set per call (its own task).
-_DECODE_TARGET: contextvars.ContextVar[str] = contextvars.ContextVar("vllm_decode_target", default="")
 
 
 class HandOffRequest(VllmRequest):
@@ -61,24 +50,21 @@ class HandOffRequest(VllmRequest):
                  spool: KvSpool, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self.target = target
-        self.stub = stub
         self.layout = layout
         self.spool = spool
-        self.outbox: asyncio.Queue = asyncio.Queue()
+        # The KvTransfer call; the decode side "holds" a chunk's KV (in memory, until finish).
+        self.call = TransferCall(self.request_id, target, stub, self.sampling, self.events,
+                                 lambda: self.stats.last_input_time, ack_word="held")
         self.shipped_ids: list[int] = []          # prompt tokens whose KV the decode replica holds (sent)
         self._ship_dir: str | None = None
         self._finish_segments: list[Segment] | None = None
         self.handed_off = False
         self.fallen_back = False
-        self.relayed: list[int] = []
-        self.bytes_sent = 0
-        self._sent_at: list[tuple[str, int, int, float]] = []   # unacked blocks: tokens, blocks, bytes, time
-        self._finish_sent_at: float | None = None
         self._tasks: list[asyncio.Task] = []
 
     # --- caller input ---------------------------------------------------------------------
     def open(self, segments, arrived_at: float) -> None:
-        self.outbox.put_nowait(("begin",))
+        self.call.outbox.put_nowait(("begin", self.layout))
         super().open(segments, arrived_at)        # bad input raises here, before any transfer call
         self._tasks.append(asyncio.create_task(self._transfer(), name=f"kv-transfer-{self.request_id}"))
 
@@ -107,7 +93,7 @@ class HandOffRequest(VllmRequest):
         valid = lcp_length(self.shipped_ids, self.prompt.tokens)
         if valid < len(self.shipped_ids):
             self.shipped_ids = self.shipped_ids[:valid]
-            self.outbox.put_nowait(("truncate", valid))
+            self.call.outbox.put_nowait(("truncate", valid))
         if self._ship_dir is not None:
             self.spool.drop_ship_dir(self._ship_dir)
         self._ship_dir = self.spool.new_ship_dir()
@@ -126,8 +112,8 @@ class HandOffRequest(VllmRequest):
         for shipment in self.spool.take_shipments(self._ship_dir) if self._ship_dir else []:
             for first in range(0, len(shipment.token_ids), per_message):
                 token_ids = shipment.token_ids[first:first + per_message]
-                kv = shipment.kv[:, :, first // bs:-(-(first + len(token_ids)) // bs)]
-                self.outbox.put_nowait(("blocks", shipment.start + first, token_ids, kv))
+                kv = shipment.data[:, :, first // bs:-(-(first + len(token_ids)) // bs)]
+                self.call.outbox.put_nowait(("blocks", shipment.start + first, token_ids, kv))
             self.shipped_ids = self.shipped_ids[:shipment.start] + list(shipment.token_ids)
 
     def _maybe_hand_off(self) -> None:
@@ -141,112 +127,30 @@ class HandOffRequest(VllmRequest):
                             "prompt tokens")
             return
         self.handed_off = True
-        self.outbox.put_nowait(("finish",))
+        self.call.outbox.put_nowait(("finish", None))    # timed from when it is sent
         self._stop_incarnation()          # aborts the session: its blocks return to the pool
         self.spool.drop_ship_dir(self._ship_dir)
         self._ship_dir = None
 
     # --- the transfer call --------------------------------------------------------------------
     async def _transfer(self) -> None:
-        call = self.stub.Transfer()
-        writer = asyncio.create_task(self._write(call))
         try:
-            async for response in call:
-                if response.WhichOneof("kind") == "ack":
-                    self._on_ack(response.ack)
-                elif self._on_event(response.event):
-                    return
-            reason = "the decode replica ended the transfer before the answer"
-        except asyncio.CancelledError:
-            call.cancel()
-            raise
-        except grpc.RpcError as exc:
-            reason = f"{exc.code().name}: {exc.details()}"
-        except Exception as exc:       # a bug here must not lose the answer
-            log.exception("%s: transfer to %s failed", self.request_id, self.target)
-            reason = repr(exc)
-        finally:
-            writer.cancel()
-        call.cancel()
-        self._fail_over(reason)
-
-    async def _write(self, call) -> None:
-        rid = self.request_id
-        with contextlib.suppress(grpc.RpcError, asyncio.InvalidStateError):     # the reader sees the failure
-            while True:
-                item = await self.outbox.get()
-                kind = item[0]
-                if kind == "begin":
-                    self._emit(EventKind.KV_TRANSFER_START, detail=f"to {self.target}")
-                    message = kv_transfer_pb2.TransferRequest(request_id=rid, begin=kv_transfer_pb2.KvBegin(
-                        sampling=sampling_to_proto(self.sampling), layout=layout_to_proto(self.layout)))
-                elif kind == "blocks":
-                    _, start, token_ids, kv = item
-                    raw = to_bytes(kv)
-                    message = kv_transfer_pb2.TransferRequest(request_id=rid, blocks=kv_transfer_pb2.KvBlocks(
-                        start_token=start, token_ids=token_ids, num_blocks=kv.shape[2], data=raw))
-                    self._sent_at.append((f"{start}-{start + len(token_ids)}", kv.shape[2], len(raw),
-                                          time.perf_counter()))
-                    self.bytes_sent += len(raw)
-                elif kind == "truncate":
-                    message = kv_transfer_pb2.TransferRequest(
-                        request_id=rid, truncate=kv_transfer_pb2.KvTruncate(valid_tokens=item[1]))
-                    self._sent_at.append((f"truncate to {item[1]}", 0, 0, time.perf_counter()))
-                else:
-                    message = kv_transfer_pb2.TransferRequest(request_id=rid, finish=kv_transfer_pb2.KvFinish())
-                    self._finish_sent_at = time.perf_counter()
-                await call.write(message)
-                if kind == "finish":
-                    await call.done_writing()
-                    return
-
-    def _on_ack(self, ack: kv_transfer_pb2.KvAck) -> None:
-        if ack.finished:
-            ms = (time.perf_counter() - (self._finish_sent_at or time.perf_counter())) * 1e3
-            after_input_ms = (time.monotonic() - self.stats.last_input_time) * 1e3
-            self._emit(EventKind.KV_HANDOFF, count=self.bytes_sent,
-                       detail=f"{ack.tokens} tokens, {self.bytes_sent} bytes; finish acked {ms:.1f} ms after it "
-                              f"was sent; hand-off {after_input_ms:.1f} ms after the last input")
+            done = await self.call.run()
+        except TransferFailed as exc:
+            self._fail_over(exc.reason)
             return
-        if not self._sent_at:
-            return
-        tokens, blocks, nbytes, sent = self._sent_at.pop(0)
-        if blocks:
-            ms = (time.perf_counter() - sent) * 1e3
-            self._emit(EventKind.KV_TRANSFER_CHUNK, count=nbytes,
-                       detail=f"tokens {tokens}, {blocks} blocks, {nbytes} bytes, {ms:.1f} ms, "
-                              f"{ack.imported_tokens} held")
-
-    def _on_event(self, event) -> bool:
-        """A decode-side event; True once the request is done."""
-        kind = event.WhichOneof("kind")
-        now = time.monotonic()
-        if kind == "token":
-            if not self.relayed:
-                self.stats.first_token_time = now
-            self.relayed.append(event.token.id)
-            self.events.put_nowait(EngineEvent(self.request_id, EventKind.TOKEN, now, token_id=event.token.id,
-                                               text=event.token.text))
-        elif kind == "lifecycle":
-            relayed = event_from_proto(self.request_id, event.lifecycle, now)
-            if relayed is not None and relayed.kind in RELAYED_KINDS:
-                detail = f"decode replica: {relayed.detail}" if relayed.detail else "decode replica"
-                self.events.put_nowait(dataclasses.replace(relayed, detail=detail))
-        elif kind == "done":
-            self._done(event.done, now)
-            return True
-        return False
+        self._done(done, time.monotonic())
 
     def _done(self, done, now: float) -> None:
         remote = done.stats
         stats: RequestStats = dataclasses.replace(
-            self.stats, finish_time=now,
+            self.stats, finish_time=now, first_token_time=self.call.first_token_at or self.stats.first_token_time,
             tokens_computed=len(self.prompt.tokens) - self.stats.prefix_cache_hit_tokens + remote.tokens_computed,
             prefix_cache_hit_tokens=self.stats.prefix_cache_hit_tokens + remote.prefix_cache_hit_tokens,
             preemptions_recompute=self.stats.preemptions_recompute + remote.preemptions_recompute)
         self.finished = True
         summary = RequestSummary(self.request_id, finish_reason(done.finish_reason), stats,
-                                 len(self.prompt.tokens), tuple(self.relayed), done.text)
+                                 len(self.prompt.tokens), tuple(self.call.relayed), done.text)
         self.on_end(summary)
         self.events.put_nowait(summary)
 
@@ -258,7 +162,7 @@ class HandOffRequest(VllmRequest):
             if task is not asyncio.current_task():
                 task.cancel()
         log.warning("%s: KV transfer to %s failed (%s)", self.request_id, self.target, reason)
-        if self.handed_off and self.relayed:
+        if self.handed_off and self.call.relayed:
             self.events.put_nowait(ErrorStatus(grpc.StatusCode.UNAVAILABLE,
                                                f"the decode replica {self.target} failed after the hand-off: {reason}"))
             return
@@ -270,31 +174,17 @@ class HandOffRequest(VllmRequest):
             super().finish(self._finish_segments, self.stats.last_input_time)
 
 
-class VllmDisaggServicer(VllmServicer):
-    """`VllmServicer` that hands off a StreamPrompt call naming a decode replica, and reports its role."""
+class VllmDisaggServicer(DecodeTargets, VllmServicer):
+    """`VllmServicer` that hands off a StreamPrompt call naming a decode replica, and reports its role
+    (`role`, `receiver`, `channel_factory`: `DecodeTargets`)."""
 
-    def __init__(self, *args, role: str, layout: KvLayout, spool: KvSpool, receiver=None,
-                 channel_factory=open_channel, **kwargs) -> None:
+    def __init__(self, *args, layout: KvLayout, spool: KvSpool, **kwargs) -> None:
         super().__init__(*args, **kwargs)
-        self.role = role
         self.layout = layout
         self.spool = spool
-        self.receiver = receiver             # this replica's KvTransfer servicer: its calls count as load
-        self._channel_factory = channel_factory
-        self._channels: dict[str, object] = {}
 
-    async def StreamPrompt(self, request_iterator, context):
-        metadata = dict(context.invocation_metadata() or ())
-        _DECODE_TARGET.set(str(metadata.get(DECODE_TARGET_KEY, "")))
-        async for response in super().StreamPrompt(request_iterator, context):
-            yield response
-
-    async def _open(self, request_id: str, segments: list[Segment], sampling: SamplingParams, priority: int,
-                    arrived: float, complete: bool) -> asyncio.Queue:
-        target = _DECODE_TARGET.get()
-        if not target or complete:
-            return await super()._open(request_id, segments, sampling, priority, arrived, complete)
-        events: asyncio.Queue = asyncio.Queue()
+    async def _hand_off(self, request_id: str, target: str, segments: list[Segment], sampling: SamplingParams,
+                        priority: int, arrived: float, events: asyncio.Queue) -> None:
         request = HandOffRequest(self.llm, request_id, self.new_prompt(), sampling, events, self.decode, arrived,
                                  self.stats.request_ended, target=target, stub=self._stub(target),
                                  layout=self.layout, spool=self.spool)
@@ -305,26 +195,8 @@ class VllmDisaggServicer(VllmServicer):
             raise
         self._requests[request_id] = request
         self.stats.request_received()
-        return events
-
-    def _stub(self, target: str) -> kv_transfer_pb2_grpc.KvTransferStub:
-        channel = self._channels.get(target)
-        if channel is None:
-            channel = self._channels[target] = self._channel_factory(target)
-        return kv_transfer_pb2_grpc.KvTransferStub(channel)
-
-    async def GetStats(self, request, context):
-        response = await super().GetStats(request, context)
-        if self.receiver is not None:      # a decode replica's load is the transfers it decodes
-            response.stats.num_active += self.receiver.active
-        return response
 
     def _engine_stats(self):
         stats = super()._engine_stats()
         stats.role = self.role
         return stats
-
-    async def close_channels(self) -> None:
-        for channel in self._channels.values():
-            await channel.close()
-        self._channels.clear()

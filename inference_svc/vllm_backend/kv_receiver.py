@@ -1,7 +1,8 @@
 """The decode side of a KV transfer on vLLM: the `KvTransfer` servicer of a vLLM replica.
 
 One call is one request, with the native receiver's messages, checks and statuses
-(`inference_svc/disagg/receiver.py`, docs/disagg.md "Errors"). `blocks` and `truncate` build the
+(`inference_svc/disagg/receiver.py`, docs/disagg.md "Errors"; the first message's checks and the
+responses are written once, in `inference_svc/kv_transfer/receive_call.py`). `blocks` and `truncate` build the
 prompt and its KV here, in memory (`ReceivedPrompt`); vLLM has nothing to hold them in before the
 request exists, and it cannot take a prompt that is still growing with KV imported into it. At
 `finish` the KV goes to the spool (`kv_spool.py`) and the whole prompt is submitted as one request
@@ -20,31 +21,18 @@ import os
 import time
 from collections.abc import Callable
 
-import grpc
 import torch
 
-from inference_svc.disagg.receiver import SERVICE_NAME, Ack
-from inference_svc.disagg.wire import layout_from_proto
 from inference_svc.engine.engine import DuplicateRequestError
-from inference_svc.engine.events import EngineEvent, EventKind
-from inference_svc.engine.kv_export import KvLayout, blocks_for_range, from_bytes
+from inference_svc.engine.kv_export import KvLayout, blocks_for_range
 from inference_svc.engine.request import Segment
-from inference_svc.rpc.convert import check_request_id, done_to_proto, event_to_proto, sampling_from_proto
-from inference_svc.rpc.errors import (
-    ErrorStatus,
-    KvLayoutMismatch,
-    KvTransferError,
-    KvTransferTooLarge,
-    KvTransferUnknownRequest,
-    status_for,
-)
-from inference_svc.rpc.summary import RequestSummary
+from inference_svc.kv_transfer.receive_call import SERVICE_NAME, Ack, abort_for, check_blocks, read_begin, respond
+from inference_svc.rpc.errors import KvTransferError, KvTransferUnknownRequest, status_for
 from inference_svc.vllm_backend.kv_spool import LOAD_KEY, KvSpool
 from inference_svc.vllm_backend.prompt import StreamedPrompt
 from inference_svc.vllm_backend.session import VllmRequest
 from inference_svc.vllm_backend.stats import StatsSource
 from protos import kv_transfer_pb2, kv_transfer_pb2_grpc
-from servicekit.server import UndecodableRequest
 
 log = logging.getLogger(__name__)
 
@@ -61,21 +49,8 @@ class ReceivedPrompt:
         self.blocks: dict[int, torch.Tensor] = {}       # block index -> [layers, 2, block_size, heads, dim]
 
     def check_blocks(self, message: kv_transfer_pb2.KvBlocks) -> torch.Tensor:
-        """Validate a `blocks` message (as the native receiver does); its KV as a tensor."""
-        bs = self.layout.block_size
-        start, count = message.start_token, len(message.token_ids)
-        if message.num_blocks > self.num_device_blocks:
-            raise KvTransferTooLarge(f"{message.num_blocks} blocks exceed this replica's device pool "
-                                     f"({self.num_device_blocks} blocks)")
-        if start < 0 or start % bs or not count:
-            raise KvTransferError(f"blocks must start at a multiple of the block size ({bs}) and carry tokens")
-        if message.num_blocks != blocks_for_range(start, start + count, bs):
-            raise KvTransferError(f"{count} tokens take {blocks_for_range(start, start + count, bs)} "
-                                  f"blocks, not {message.num_blocks}")
-        try:
-            return from_bytes(message.data, self.layout, message.num_blocks)
-        except ValueError as exc:
-            raise KvTransferError(str(exc)) from exc
+        """Validate a `blocks` message (the native receiver's checks); its KV as a tensor."""
+        return check_blocks(message, self.layout, self.num_device_blocks)
 
     def add_blocks(self, start: int, token_ids: list[int], kv: torch.Tensor) -> None:
         have = len(self.token_ids)
@@ -96,7 +71,7 @@ class ReceivedPrompt:
         kept = blocks_for_range(0, valid, self.layout.block_size)
         self.blocks = {i: block for i, block in self.blocks.items() if i < kept}
 
-    def kv(self) -> torch.Tensor:
+    def all_blocks(self) -> torch.Tensor:
         """Every block of the prompt, [layers, 2, blocks, block_size, heads, dim]."""
         needed = blocks_for_range(0, len(self.token_ids), self.layout.block_size)
         missing = [i for i in range(needed) if i not in self.blocks]
@@ -132,31 +107,9 @@ class VllmKvTransferServicer(kv_transfer_pb2_grpc.KvTransferServicer):
         self._keys = itertools.count()
 
     async def Transfer(self, request_iterator, context):
-        try:
-            first = await anext(aiter(request_iterator))
-        except StopAsyncIteration:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "empty transfer: the first message must be begin")
-        except UndecodableRequest as exc:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
-        request_id = first.request_id
-        try:
-            check_request_id(request_id)
-            if not request_id:
-                raise KvTransferError("request_id must not be empty")
-            if first.WhichOneof("kind") != "begin":
-                raise KvTransferUnknownRequest(
-                    f"{first.WhichOneof('kind') or 'message'} for request {request_id!r}: no transfer is open for it "
-                    "(the first message must be begin)")
-            begin = first.begin
-            if layout_from_proto(begin.layout) != self.layout:
-                raise KvLayoutMismatch(f"KV layout {layout_from_proto(begin.layout)} differs from this replica's "
-                                       f"{self.layout}")
-            sampling = sampling_from_proto(begin.sampling, begin.HasField("sampling"))
-            if request_id in self._open_ids:
-                raise DuplicateRequestError(f"request {request_id!r} is already being transferred here")
-        except Exception as exc:
-            error = status_for(exc)
-            await context.abort(error.code, error.message)
+        request_id, _, sampling = await read_begin(request_iterator, context, self.layout)
+        if request_id in self._open_ids:
+            await abort_for(context, DuplicateRequestError(f"request {request_id!r} is already being transferred here"))
         self._open_ids.add(request_id)
         self.active += 1
         self.calls += 1
@@ -167,25 +120,8 @@ class VllmKvTransferServicer(kv_transfer_pb2_grpc.KvTransferServicer):
         reader = asyncio.create_task(self._read(request_iterator, request_id, received, sampling, key, events,
                                                 started))
         try:
-            token_index = 0
-            text: list[str] = []
-            while True:
-                item = await events.get()
-                if isinstance(item, Ack):
-                    yield kv_transfer_pb2.TransferResponse(ack=kv_transfer_pb2.KvAck(
-                        tokens=item.tokens, imported_tokens=item.imported, finished=item.finished))
-                elif isinstance(item, RequestSummary):
-                    yield kv_transfer_pb2.TransferResponse(event=done_to_proto(item, "".join(text)))
-                    return
-                elif isinstance(item, ErrorStatus):
-                    await context.abort(item.code, item.message)
-                elif isinstance(item, BaseException):
-                    await context.abort(grpc.StatusCode.INTERNAL, f"engine error: {item}")
-                elif isinstance(item, EngineEvent):
-                    yield kv_transfer_pb2.TransferResponse(event=event_to_proto(item, token_index, 0.0))
-                    if item.kind is EventKind.TOKEN:
-                        token_index += 1
-                        text.append(item.text)
+            async for response in respond(events, context):
+                yield response
         finally:
             reader.cancel()
             for request in started:
@@ -227,7 +163,7 @@ class VllmKvTransferServicer(kv_transfer_pb2_grpc.KvTransferServicer):
         """`finish`: spool the KV, submit the whole prompt; the connector loads what arrived."""
         if not received.token_ids:
             raise KvTransferError("finish before any blocks: the prompt is empty")
-        self.spool.write_load(key, received.token_ids, received.kv())
+        self.spool.write_load(key, received.token_ids, received.all_blocks())
         now = time.monotonic()
         request = LoadingRequest(self.llm, request_id, self.new_prompt(), sampling, events, self.decode, now,
                                  self.stats.request_ended, load_key=key)

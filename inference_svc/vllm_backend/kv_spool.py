@@ -40,7 +40,7 @@ class Shipment:
 
     start: int
     token_ids: list[int]
-    kv: torch.Tensor
+    data: torch.Tensor      # [layers, 2, blocks, block_size, kv_heads, head_dim] (the wire layout)
 
     @property
     def end(self) -> int:
@@ -69,7 +69,7 @@ class KvSpool:
         folder = self.root / "ship" / name
         if not folder.is_dir():
             return False
-        payload = {"start": shipment.start, "token_ids": list(shipment.token_ids), "kv": shipment.kv}
+        payload = {"start": shipment.start, "token_ids": list(shipment.token_ids), "kv": shipment.data}
         return _write(folder / f"{seq:09d}.kv", payload)
 
     def take_shipments(self, name: str) -> list[Shipment]:

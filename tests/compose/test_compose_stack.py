@@ -81,7 +81,9 @@ def free_port() -> int:
 
 
 class ComposeStack:
-    def __init__(self) -> None:
+    def __init__(self, overrides: tuple[str, ...] = ()) -> None:
+        """`overrides`: more compose files, after docker-compose.yml and docker-compose.tls.yml."""
+        self.files = ["compose/docker-compose.yml", "compose/docker-compose.tls.yml", *overrides]
         self.compose = ["docker-compose"] if shutil.which("docker-compose") else ["docker", "compose"]
         self.port = free_port()
         self.key = f"sk-{secrets.token_hex(16)}"
@@ -103,7 +105,7 @@ class ComposeStack:
 
     def run(self, *args: str, timeout: float = 900, check: bool = True,
             stdin: str | None = None) -> subprocess.CompletedProcess:
-        files = ["-f", "compose/docker-compose.yml", "-f", "compose/docker-compose.tls.yml"]
+        files = [arg for file in self.files for arg in ("-f", file)]
         result = subprocess.run([*self.compose, "-p", PROJECT, *files, *args], cwd=ROOT, input=stdin,
                                 env=self.env, capture_output=True, text=True, timeout=timeout)
         if check and result.returncode != 0:
@@ -164,11 +166,18 @@ class ComposeStack:
 
 @pytest.fixture(scope="module")
 def stack(request):
+    with running_stack(request) as s:
+        yield s
+
+
+@contextlib.contextmanager
+def running_stack(request, overrides: tuple[str, ...] = ()):
+    """Build the images, `up -d` the stack (with `overrides`), wait for the gateway; `down -v` after."""
     docker = subprocess.run(["docker", "info"], capture_output=True, text=True, timeout=60) \
         if shutil.which("docker") else None
     if docker is None or docker.returncode != 0:
         pytest.fail("the compose suite needs a running dockerd (start it: `dockerd &`)")
-    s = ComposeStack()
+    s = ComposeStack(overrides)
     t_all = time.monotonic()
     s.run("down", "-v", "--remove-orphans", check=False)          # what an interrupted run left
     try:

@@ -13,10 +13,10 @@ import grpc
 import pytest
 import torch
 
-from inference_svc.disagg.wire import DECODE_TARGET_KEY, layout_to_proto
 from inference_svc.engine.kv_export import export_blocks, layout_of, to_bytes
 from inference_svc.engine.request import Segment
 from inference_svc.engine.sampler import SamplingParams
+from inference_svc.kv_transfer.wire import DECODE_TARGET_KEY, layout_to_proto
 from protos import common_pb2, inference_pb2, kv_transfer_pb2, kv_transfer_pb2_grpc
 from tests.disagg.conftest import RunningReplica
 from tests.service.inference_harness import (

@@ -17,7 +17,7 @@ import time
 import grpc
 import pytest
 
-from inference_svc.disagg.wire import DECODE_TARGET_KEY
+from inference_svc.kv_transfer.wire import DECODE_TARGET_KEY
 from orchestrator.server import OrchestratorService
 from protos import (
     common_pb2,
