@@ -30,4 +30,4 @@ def test_a_streamed_chat_is_prefilled_on_one_replica_and_decoded_on_the_other(di
     assert "KV_TRANSFER_FALLBACK" not in kinds, kinds                  # the mutual-TLS hand-off held
     assert kinds.index("KV_HANDOFF") < kinds.index("FIRST_TOKEN")
     handoff = next(e for e in record["events"] if e["kind"] == "KV_HANDOFF")
-    assert "bytes" in handoff.get("detail", ""), handoff
+    assert "bytes" in handoff["fields"]["detail"], handoff
