@@ -12,10 +12,12 @@ one more prefill-only turn; once its KV is shipped, `finish` goes to the decode 
 session here ends (its blocks return to the pool, the full ones stay in the prefix cache). The
 decode replica's events come back on the transfer call and are the caller's events.
 
-Fall-back: if the transfer call fails before the decode replica sent a token, the request finishes
-here as any colocated request does (the answer is the same; after the hand-off the whole prompt is
-submitted again, the prefix cache holding most of it); once tokens were relayed the call ends with
-UNAVAILABLE (the native backend resubmits the prompt and the relayed tokens there; not done here).
+Fall-back: if the transfer call fails, the request is decoded here and the answer does not change
+(a KV_TRANSFER_FALLBACK event records why). Before the decode replica sent a token it finishes as
+any colocated request does (after the hand-off the whole prompt is submitted again, the prefix cache
+holding most of it). Once tokens were relayed, as on the native backend (`disagg/sender.py`), the
+prompt and those tokens are submitted as one new request that decodes the rest (`_resume`): its
+tokens are relayed after the relayed ones, and the answer covers both.
 """
 
 from __future__ import annotations
@@ -25,21 +27,18 @@ import dataclasses
 import logging
 import time
 
-import grpc
-
 from inference_svc.engine.engine import lcp_length
 from inference_svc.engine.events import EventKind
 from inference_svc.engine.kv_export import KvLayout
-from inference_svc.engine.request import RequestStats, Segment
+from inference_svc.engine.request import FinishReason, RequestStats, Segment
 from inference_svc.engine.sampler import SamplingParams
 from inference_svc.kv_transfer.decode_targets import DecodeTargets
 from inference_svc.kv_transfer.transfer_call import MAX_MESSAGE_BYTES, TransferCall, TransferFailed
 from inference_svc.kv_transfer.wire import finish_reason
-from inference_svc.rpc.errors import ErrorStatus
 from inference_svc.rpc.summary import RequestSummary
 from inference_svc.vllm_backend.kv_spool import SHIP_KEY, KvSpool
 from inference_svc.vllm_backend.servicer import VllmServicer
-from inference_svc.vllm_backend.session import VllmRequest
+from inference_svc.vllm_backend.session import VllmRequest, vllm_params
 from protos import kv_transfer_pb2_grpc
 
 log = logging.getLogger(__name__)
@@ -161,17 +160,34 @@ class HandOffRequest(VllmRequest):
         for task in self._tasks:
             if task is not asyncio.current_task():
                 task.cancel()
-        log.warning("%s: KV transfer to %s failed (%s)", self.request_id, self.target, reason)
-        if self.handed_off and self.call.relayed:
-            self.events.put_nowait(ErrorStatus(grpc.StatusCode.UNAVAILABLE,
-                                               f"the decode replica {self.target} failed after the hand-off: {reason}"))
-            return
+        log.warning("%s: KV transfer to %s failed (%s); decoding here", self.request_id, self.target, reason)
         self._emit(EventKind.KV_TRANSFER_FALLBACK, detail=f"decode replica {self.target}: {reason}; decoding here")
         if self._ship_dir is not None:
             self.spool.drop_ship_dir(self._ship_dir)
             self._ship_dir = None
-        if self._finish_segments is not None:      # finish already arrived: finish here, as a colocated request
+        if self.handed_off and self.call.relayed:
+            self._resume(list(self.call.relayed))
+        elif self._finish_segments is not None:    # finish already arrived: finish here, as a colocated request
             super().finish(self._finish_segments, self.stats.last_input_time)
+
+    def _resume(self, relayed: list[int]) -> None:
+        """Decode the rest of an answer the decode replica started: the prompt and the relayed tokens
+        as one plain submission (the prefix cache holds the prompt's full blocks) for the tokens still
+        allowed. The relayed tokens count as this request's output, so the summary covers the whole
+        answer, no second FIRST_TOKEN is emitted, and the text streams on from where the decode
+        replica's stopped (its deltas follow the same `OutputText` rules over the same tokens)."""
+        self.output = relayed
+        self.output_text.add(relayed)
+        self.output_text.take()
+        self.stats.first_token_time = self.call.first_token_at
+        max_tokens = min(self.sampling.max_tokens, self.prompt.limits.max_sequence_tokens - len(self.prompt.tokens))
+        remaining = max_tokens - len(relayed)
+        if remaining <= 0:                 # every token arrived: only the decode replica's `done` was lost
+            self._end(FinishReason.LENGTH)
+            return
+        self._final_turn = 0
+        self._launch(self._plain(self.prompt.tokens + relayed, vllm_params(self.sampling, remaining)),
+                     len(self.prompt.tokens))
 
 
 class VllmDisaggServicer(DecodeTargets, VllmServicer):

@@ -2,8 +2,10 @@
 `--role decode`, fp32) hand a streamed prompt's KV over `KvTransfer` through our KV connector, and
 greedy output through the pair equals Generate token for token, after an update too; the decode
 replica computes only the prompt's tail itself; neither side keeps a block afterwards; a bad
-transfer gets its status; an unreachable decode replica makes the prefill replica decode itself;
-the orchestrator pairs the two replicas by the roles they report, as it pairs native ones.
+transfer gets its status; a decode replica that is unreachable, fails after `finish` before a
+token, or stops after relaying tokens makes the prefill replica decode (the rest) itself, with the
+same answer; the orchestrator pairs the two replicas by the roles they report, as it pairs native
+ones.
 
     /opt/vllm-venv/bin/python -m pytest --run-vllm -m vllm tests/service/test_vllm_disagg.py
 """
@@ -61,11 +63,11 @@ def decode(embedded_model_dir):
     service.stop()
 
 
-def generate(service, segments, request_id):
+def generate(service, segments, request_id, max_tokens=MAX_TOKENS):
     """The reference, on the prefill replica (the decode replica's prefix cache stays empty, so what it
     does not compute must have come over the transfer)."""
     return collect(service.stub.Generate(inference_pb2.GenerateRequest(
-        request_id=request_id, segments=segments, sampling=common_pb2.SamplingParams(max_tokens=MAX_TOKENS)),
+        request_id=request_id, segments=segments, sampling=common_pb2.SamplingParams(max_tokens=max_tokens)),
         timeout=180))
 
 
@@ -157,6 +159,63 @@ def test_unreachable_decode_replica_falls_back_to_decoding_here(prefill):
     answer = through_pair(prefill, "127.0.0.1:1", paced(messages, 0.1))
     assert answer.tokens == want.tokens
     assert "KV_TRANSFER_FALLBACK" in kinds(answer)
+    prefill.wait_until_all_blocks_free()
+
+
+def test_decode_replica_stopped_after_relaying_tokens_resumes_here_with_the_same_answer(prefill,
+                                                                                      embedded_model_dir):
+    """The decode replica stops (no grace: the transfer call is cancelled) once the caller has 4 of its
+    tokens: the prefill replica submits the prompt and those tokens and decodes the rest itself."""
+    max_tokens, stop_after = 48, 4
+    want = generate(prefill, HEAD + DOCS + SUFFIX, "reference-resume", max_tokens=max_tokens)
+    assert len(want.tokens) > stop_after + 8, "the reference answer is too short to stop the decode replica in it"
+    doomed = RunningVllmInference(embedded_model_dir, max_streams=8, extra_args=("--role", "decode", "--grace", "0"))
+    try:
+        messages = [open_msg("pair-resume", HEAD, max_tokens=max_tokens), *(append_msg(d) for d in DOCS),
+                    finish_msg(*SUFFIX)]
+        responses = prefill.stub.StreamPrompt(paced(messages, 0.1), timeout=180,
+                                              metadata=((DECODE_TARGET_KEY, doomed.address),))
+
+        def watched():
+            seen = 0
+            for response in responses:
+                if response.event.WhichOneof("kind") == "token":
+                    seen += 1
+                    if seen == stop_after:
+                        doomed.handle.stop()
+                yield response
+
+        answer = collect(watched())
+    finally:
+        doomed.stop()
+    assert answer.tokens == want.tokens and answer.text == want.text
+    assert answer.done.text == want.done.text and answer.done.finish_reason == want.done.finish_reason
+    assert answer.done.stats.generated_tokens == len(want.tokens)
+    assert answer.done.stats.prompt_tokens == want.done.stats.prompt_tokens
+    events = kinds(answer)
+    assert events.index("KV_HANDOFF") < events.index("FIRST_TOKEN") < events.index("KV_TRANSFER_FALLBACK")
+    assert events.count("FIRST_TOKEN") == 1 and events.count("FINISHED") == 1
+    prefill.wait_until_all_blocks_free()
+
+
+def test_decode_replica_failing_after_finish_before_a_token_falls_back_with_the_same_answer(prefill,
+                                                                                         embedded_model_dir):
+    """A decode replica whose context is shorter than the prompt holds every block, acks `finish`
+    (KV_HANDOFF), then refuses the prompt: the prefill replica submits the whole prompt again here."""
+    want = generate(prefill, HEAD + DOCS + SUFFIX, "reference-refused")
+    assert want.done.stats.prompt_tokens > 64
+    short = RunningVllmInference(embedded_model_dir, max_streams=8,
+                                 extra_args=("--role", "decode", "--max-model-len", "64"))
+    try:
+        messages = [open_msg("pair-refused", HEAD, max_tokens=MAX_TOKENS), *(append_msg(d) for d in DOCS),
+                    finish_msg(*SUFFIX)]
+        answer = through_pair(prefill, short.address, paced(messages, 0.1))
+        short.wait_until_all_blocks_free()
+    finally:
+        short.stop()
+    assert answer.tokens == want.tokens and answer.done.text == want.done.text
+    events = kinds(answer)
+    assert events.index("KV_HANDOFF") < events.index("KV_TRANSFER_FALLBACK") < events.index("FIRST_TOKEN")
     prefill.wait_until_all_blocks_free()
 
 
