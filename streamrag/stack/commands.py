@@ -246,8 +246,6 @@ def check_options(options: StackOptions) -> str | None:
         if min(split) < 1 or sum(split) > MAX_REPLICAS:
             return (f"--prefill-replicas and --decode-replicas must both be 1 or more, {MAX_REPLICAS} in all; "
                     f"got {split[0]} and {split[1]}")
-        if options.backend != "native":
-            return "--prefill-replicas/--decode-replicas need --backend native (docs/vllm.md)"
     if options.port_offset < 0:
         return f"--port-offset must be 0 or more, got {options.port_offset}"
     try:

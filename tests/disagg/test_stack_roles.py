@@ -38,6 +38,6 @@ def test_without_a_split_every_replica_does_both():
 def test_bad_splits_are_refused_with_a_message():
     assert "both be 1 or more" in commands.check_options(plan.StackOptions(prefill_replicas=1))
     assert "both be 1 or more" in commands.check_options(plan.StackOptions(prefill_replicas=5, decode_replicas=5))
-    assert "--backend native" in commands.check_options(
-        plan.StackOptions(prefill_replicas=1, decode_replicas=1, backend="vllm"))
     assert commands.check_options(plan.StackOptions(prefill_replicas=1, decode_replicas=1)) is None
+    # both backends hand off (docs/vllm.md, "Disaggregated prefill and decode")
+    assert commands.check_options(plan.StackOptions(prefill_replicas=1, decode_replicas=1, backend="vllm")) is None
