@@ -23,7 +23,7 @@ OPT_IN = {
     "cuda": "needs an NVIDIA GPU: run with --run-cuda on a CUDA machine",
     "vllm": "needs the vllm extra (pip install -e '.[vllm]'): run with --run-vllm",
     "compose": "builds and runs the compose stack (needs dockerd and docker-compose): run with --run-compose",
-    "milvus": "runs the embedded Milvus server (pip install -e '.[milvus]'): run with --run-milvus",
+    "milvus": "runs the embedded Milvus server (about 2 minutes; scripts/setup.sh installs it): run with --run-milvus",
 }
 
 
