@@ -30,7 +30,7 @@ from inference_svc.engine.events import EngineEvent, EventKind
 from inference_svc.engine.kv_export import export_blocks, layout_of
 from inference_svc.engine.request import RequestState, RequestStats, Segment
 from inference_svc.engine.sampler import SamplingParams
-from inference_svc.kv_transfer.transfer_call import MAX_MESSAGE_BYTES, TransferCall, TransferFailed
+from inference_svc.kv_transfer.transfer_call import TransferCall, TransferFailed, tokens_per_message
 from inference_svc.kv_transfer.wire import finish_reason
 from inference_svc.native.engine_thread import EngineThread
 from inference_svc.rpc.errors import status_for
@@ -49,6 +49,7 @@ class HandOff:
         self.fallback_id = f"{request_id}@fallback"
         self.target = target
         self.thread = engine_thread
+        self.layout = None                       # the engine's KV layout (set by `open`; kv_export.KvLayout)
         self.sampling = sampling
         self.priority = priority
         self.arrived = arrived
@@ -75,7 +76,8 @@ class HandOff:
     def open(self, engine: Engine, segments: list[Segment]) -> None:
         engine.open(self.local_id, segments, self.sampling, self.priority, arrived_at=self.arrived)
         self.local_alive = True
-        self._put(("begin", layout_of(engine)))
+        self.layout = layout_of(engine)
+        self._put(("begin", self.layout))
         self.poll(engine)
 
     def append(self, engine: Engine, segments: list[Segment], arrived: float) -> None:
@@ -115,9 +117,8 @@ class HandOff:
             return
         computed = request.num_computed_tokens
         if request.state is RequestState.RUNNING and computed > self.shipped:
-            bs = engine.scheduler.block_size
-            start = self.shipped - self.shipped % bs
-            step = max(1, MAX_MESSAGE_BYTES // engine.runner.bytes_per_block) * bs   # tokens per message
+            start = self.shipped - self.shipped % self.layout.block_size
+            step = tokens_per_message(self.layout)
             for first in range(start, computed, step):
                 end = min(first + step, computed)
                 self._put(("blocks", first, request.prompt_token_ids[first:end],

@@ -29,7 +29,7 @@ from collections.abc import Callable
 import grpc
 
 from inference_svc.engine.events import EngineEvent, EventKind
-from inference_svc.engine.kv_export import to_bytes
+from inference_svc.engine.kv_export import KvLayout, to_bytes
 from inference_svc.engine.sampler import SamplingParams
 from inference_svc.kv_transfer.wire import event_from_proto, layout_to_proto, sampling_to_proto
 from protos import inference_pb2, kv_transfer_pb2, kv_transfer_pb2_grpc
@@ -40,6 +40,11 @@ MAX_MESSAGE_BYTES = 16 * 1024 * 1024     # a chunk's blocks go in messages of at
 # Decode-side lifecycle events the caller also gets (the rest: this replica reports its own).
 RELAYED_KINDS = frozenset({EventKind.FIRST_TOKEN, EventKind.FINISHED, EventKind.PREEMPTED_SWAP,
                            EventKind.PREEMPTED_RECOMPUTE, EventKind.ERROR})
+
+
+def tokens_per_message(layout: KvLayout) -> int:
+    """How many tokens' blocks one `blocks` message carries: whole blocks, at most MAX_MESSAGE_BYTES."""
+    return max(1, MAX_MESSAGE_BYTES // layout.nbytes(1)) * layout.block_size
 
 
 class TransferFailed(Exception):

@@ -33,7 +33,7 @@ from inference_svc.engine.kv_export import KvLayout
 from inference_svc.engine.request import FinishReason, RequestStats, Segment
 from inference_svc.engine.sampler import SamplingParams
 from inference_svc.kv_transfer.decode_targets import DecodeTargets
-from inference_svc.kv_transfer.transfer_call import MAX_MESSAGE_BYTES, TransferCall, TransferFailed
+from inference_svc.kv_transfer.transfer_call import TransferCall, TransferFailed, tokens_per_message
 from inference_svc.kv_transfer.wire import finish_reason
 from inference_svc.rpc.summary import RequestSummary
 from inference_svc.vllm_backend.kv_spool import SHIP_KEY, KvSpool
@@ -107,7 +107,7 @@ class HandOffRequest(VllmRequest):
     def _ship(self) -> None:
         """What the connector wrote since the last turn, as `blocks` messages of at most 16 MiB."""
         bs = self.layout.block_size
-        per_message = max(1, MAX_MESSAGE_BYTES // self.layout.nbytes(1)) * bs     # tokens
+        per_message = tokens_per_message(self.layout)
         for shipment in self.spool.take_shipments(self._ship_dir) if self._ship_dir else []:
             for first in range(0, len(shipment.token_ids), per_message):
                 token_ids = shipment.token_ids[first:first + per_message]
