@@ -12,7 +12,7 @@ import grpc
 import pytest
 
 from protos import common_pb2, inference_pb2, inference_pb2_grpc, sessions_pb2, sessions_pb2_grpc
-from tests.orchestrator.test_routing_follows_health import Orchestrator, Replica, serving, stopper, until
+from tests.orchestrator.test_routing_follows_health import Orchestrator, serving, started_replicas, stopper, until
 from tests.support.redis_server import PrivateRedis
 
 __all__ = ["stopper"]        # the fixture, used below
@@ -34,11 +34,7 @@ def test_a_session_rebuilt_after_sigstop_is_closed_on_the_old_replica_once_it_re
                                                                                      tmp_path, stopper):
     redis_server = PrivateRedis(tmp_path)
     stopper.append(redis_server)
-    replicas = {}
-    for _ in range(2):
-        replica = Replica(embedded_model_dir)
-        stopper.append(replica)
-        replicas[replica.address] = replica
+    replicas = started_replicas(embedded_model_dir, stopper)
     orchestrator = Orchestrator(redis_server.url, list(replicas), {})
     stopper.append(orchestrator)
     sessions = sessions_pb2_grpc.SessionsStub(orchestrator.channel)

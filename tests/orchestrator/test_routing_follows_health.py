@@ -163,6 +163,16 @@ def stopper() -> Iterator[list]:
         part.stop()
 
 
+def started_replicas(model_dir: Path, stopper: list, count: int = 2) -> dict[str, Replica]:
+    """`count` replicas, each handed to `stopper` as soon as it runs, by address."""
+    replicas = {}
+    for _ in range(count):
+        replica = Replica(model_dir)
+        stopper.append(replica)
+        replicas[replica.address] = replica
+    return replicas
+
+
 def errors(events: list) -> list[str]:
     return [e.lifecycle.detail for e in events
             if e.WhichOneof("kind") == "lifecycle" and e.lifecycle.kind == common_pb2.LIFECYCLE_EVENT_KIND_ERROR]
@@ -254,11 +264,7 @@ def test_a_replica_stopped_mid_ask_is_failed_over_within_the_deadline(embedded_m
     stopper.append(redis_server)
     retriever = ReplayRetriever(write_trace(tmp_path / "trace.jsonl", TRACE))
     stopper.append(retriever)
-    replicas = {}
-    for _ in range(2):
-        replica = Replica(embedded_model_dir)
-        stopper.append(replica)
-        replicas[replica.address] = replica
+    replicas = started_replicas(embedded_model_dir, stopper)
     orchestrator = Orchestrator(redis_server.url, list(replicas), {"replay": retriever.address})
     stopper.append(orchestrator)
     _, undisturbed = orchestrator.ask(REPLAY)
