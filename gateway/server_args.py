@@ -1,8 +1,8 @@
 """Flags of `streamrag serve gateway` (light imports: `--help` stays instant).
 
 Every flag has a `STREAMRAG_GATEWAY_*` environment default; `STREAMRAG_API_KEY` adds one key.
-`--inference ADDR` (once the gateway's own replica list) is still accepted and ignored: every
-request goes through the orchestrator, whose router picks the replica.
+The gateway has no replica list: every request goes through the orchestrator, whose router
+picks the replica.
 """
 
 from __future__ import annotations
@@ -25,7 +25,6 @@ def add_gateway_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--orchestrator", default=env("orchestrator", f"127.0.0.1:{DEFAULT_PORTS['orchestrator']}"),
                         help="the orchestrator's address: RAG requests are its Ask; plain chats, completions and the "
                              "WebSocket its Inference service, which routes them to a replica and records them")
-    parser.add_argument("--inference", action="append", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--max-body-bytes", type=int, default=env("max_body_bytes", MAX_BODY_BYTES),
                         help="largest request body (and WebSocket message) accepted; larger ones get 413")
     parser.add_argument("--log-level", default=env("log_level", "INFO"))

@@ -261,6 +261,8 @@ def test_every_planned_command_is_one_the_cli_accepts():
         assert args.port == int(service.target.rsplit(":", 1)[1].split("/")[0])
     orchestrator = parser.parse_args(orchestrator_of(services).argv[3:])
     assert orchestrator.inference == ["127.0.0.1:50059", "127.0.0.1:50060", "127.0.0.1:50061"]
+    gateway = next(s for s in services if s.kind == "gateway")
+    assert "--inference" not in gateway.argv       # the orchestrator alone knows the replicas
     assert orchestrator.redis == "redis://127.0.0.1:6386/0"
 
 

@@ -191,6 +191,6 @@ def plan_stack(options: StackOptions, index_dir: Path, redis_port: int,
         needs=[s.name for s in services], ports=[port("orchestrator"), metrics("orchestrator")])
     gateway = Service("gateway", "gateway", f"http://{HOST}:{port('gateway')}/health", [
         *serve, "gateway", "--host", HOST, "--port", str(port("gateway")), "--orchestrator", orchestrator.target,
-        *[flag for s in inference for flag in ("--inference", s.target)], *keys],
+        *keys],
         needs=["orchestrator"], ports=[port("gateway")])
     return [*services, orchestrator, gateway]

@@ -128,3 +128,12 @@ async def test_a_channel_with_a_key_presents_it_on_every_kind_of_call():
                 await channel.close()
     finally:
         await runner.stop(0)
+
+def test_the_gateway_has_no_replica_list(capsys):
+    from gateway.server_args import add_gateway_args
+
+    parser = argparse.ArgumentParser()
+    add_gateway_args(parser)
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--orchestrator", "127.0.0.1:50051", "--inference", "127.0.0.1:50052"])
+    assert "unrecognized arguments: --inference" in capsys.readouterr().err
