@@ -12,6 +12,11 @@ service's process. Between the two, KV goes through files under one spool direct
   prompt received so far; the connector reports its tokens to vLLM as already computed and copies
   them into the blocks vLLM allocated for the request. Deleted by the service when the call ends.
 
+Each spool directory (``streamrag-kv-*``) holds an ``owner`` file: the pid and /proc start time
+of the service that made it. A service removes its directory at shutdown; one killed with SIGKILL
+cannot, so every vLLM replica removes, at start-up, the directories whose owner process is gone
+(`remove_stale_spools`); a live replica's directory, or one whose owner is not written yet, stays.
+
 Every file is written under a temporary name and renamed, so a reader never sees half a file. KV
 tensors use the transfer's wire layout ``[num_layers, 2, num_blocks, block_size, num_kv_heads,
 head_dim]`` (`engine.kv_export`), so what is read here goes on the wire as it is. No vllm import:
@@ -28,6 +33,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+
+from servicekit.pids import is_alive, this_process
 
 SHIP_KEY = "streamrag_ship"     # kv_transfer_params: {"dir": ..., "from": tokens the decode side holds}
 LOAD_KEY = "streamrag_load"     # kv_transfer_params: {"key": ...}
@@ -47,9 +54,41 @@ class Shipment:
         return self.start + len(self.token_ids)
 
 
-def default_spool_root() -> Path:
-    base = Path("/dev/shm") if Path("/dev/shm").is_dir() else Path(tempfile.gettempdir())
-    return Path(tempfile.mkdtemp(prefix="streamrag-kv-", dir=base))
+SPOOL_PREFIX = "streamrag-kv-"
+OWNER_FILE = "owner"            # "<pid> <start ticks>" of the service that made the directory
+
+
+def spool_base() -> Path:
+    return Path("/dev/shm") if Path("/dev/shm").is_dir() else Path(tempfile.gettempdir())
+
+
+def default_spool_root(base: Path | None = None) -> Path:
+    """A new spool directory under `base` (default `spool_base()`), owned by this process."""
+    root = Path(tempfile.mkdtemp(prefix=SPOOL_PREFIX, dir=base or spool_base()))
+    pid, started = this_process()
+    (root / OWNER_FILE).write_text(f"{pid} {started}\n")
+    return root
+
+
+def spool_owner(root: Path) -> tuple[int, int] | None:
+    """The (pid, start ticks) recorded in a spool directory; None when none is readable."""
+    try:
+        pid, started = (root / OWNER_FILE).read_text().split()
+        return int(pid), int(started)
+    except (OSError, ValueError):
+        return None
+
+
+def remove_stale_spools(base: Path | None = None) -> list[Path]:
+    """Remove the spool directories under `base` whose owner process is gone; returns them. A directory
+    without a readable owner (being made right now, or made before owners were recorded) is kept."""
+    removed = []
+    for root in sorted((base or spool_base()).glob(f"{SPOOL_PREFIX}*")):
+        owner = spool_owner(root) if root.is_dir() and not root.is_symlink() else None
+        if owner is not None and not is_alive(*owner):
+            shutil.rmtree(root, ignore_errors=True)
+            removed.append(root)
+    return removed
 
 
 class KvSpool:

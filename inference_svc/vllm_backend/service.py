@@ -22,7 +22,7 @@ from inference_svc.vllm_backend.engine import start_engine
 from inference_svc.vllm_backend.handoff import VllmDisaggServicer
 from inference_svc.vllm_backend.kv_receiver import SERVICE_NAME as KV_TRANSFER_SERVICE_NAME
 from inference_svc.vllm_backend.kv_receiver import VllmKvTransferServicer
-from inference_svc.vllm_backend.kv_spool import KvSpool, default_spool_root
+from inference_svc.vllm_backend.kv_spool import KvSpool, default_spool_root, remove_stale_spools
 from inference_svc.vllm_backend.pressure import IdleSessionEvictor
 from inference_svc.vllm_backend.prompt import PromptLimits, StreamedPrompt
 from inference_svc.vllm_backend.servicer import VllmServicer
@@ -62,6 +62,8 @@ class VllmInferenceService:
                  role: str = DEFAULT_ROLE) -> None:
         self.spec = spec
         self.role = role
+        for stale in remove_stale_spools():      # left by a replica killed before its shutdown
+            log.info("removed the stale KV spool %s (its owner process is gone)", stale)
         # A prefill or decode replica runs our KV connector (docs/vllm.md, "Disaggregated prefill and decode")
         self.spool = KvSpool(default_spool_root()) if role != DEFAULT_ROLE else None
         self.llm, counters = start_engine(spec, str(self.spool.root) if self.spool else None)

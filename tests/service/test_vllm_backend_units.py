@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -83,3 +84,42 @@ def test_speculation_maps_to_vllms_ngram_speculative_config():
     assert speculative_config(VllmSpec(model_dir="m").speculation) is None     # off unless asked
     with pytest.raises(ValueError, match="speculation"):
         speculative_config("17")
+
+
+SPOOL_CHILD = ("import sys, time; from pathlib import Path; "
+               "from inference_svc.vllm_backend.kv_spool import default_spool_root; "
+               "print(default_spool_root(Path(sys.argv[1])), flush=True); time.sleep(120)")
+
+
+def spool_of_a_child(base) -> tuple[subprocess.Popen, Path]:
+    """A process that made a spool directory under `base` (as a replica does) and keeps running."""
+    child = subprocess.Popen([sys.executable, "-c", SPOOL_CHILD, str(base)], stdout=subprocess.PIPE, text=True)
+    return child, Path(child.stdout.readline().strip())
+
+
+def test_start_up_removes_only_the_spools_whose_owner_is_gone(tmp_path):
+    from inference_svc.vllm_backend.kv_spool import OWNER_FILE, default_spool_root, remove_stale_spools
+
+    killed, stale = spool_of_a_child(tmp_path)
+    live, kept = spool_of_a_child(tmp_path)
+    try:
+        (stale / "ship" / "1-0").mkdir(parents=True)            # a SIGKILLed replica leaves its files behind
+        (stale / "ship" / "1-0" / "000000000.kv").write_bytes(b"kv")
+        killed.kill()
+        killed.wait()
+        mine = default_spool_root(tmp_path)
+        unowned = tmp_path / "streamrag-kv-unowned"              # being made now, or made by an older version
+        unowned.mkdir()
+        reused = default_spool_root(tmp_path)                   # this pid, another start time: a reused pid
+        pid, started = (reused / OWNER_FILE).read_text().split()
+        (reused / OWNER_FILE).write_text(f"{pid} {int(started) - 1}\n")
+        (tmp_path / "other-folder").mkdir()
+
+        assert remove_stale_spools(tmp_path) == sorted([stale, reused])
+        assert not stale.exists() and not reused.exists()
+        assert kept.is_dir() and mine.is_dir() and unowned.is_dir() and (tmp_path / "other-folder").is_dir()
+        assert remove_stale_spools(tmp_path) == []
+    finally:
+        live.kill()
+        live.wait()
+    assert remove_stale_spools(tmp_path) == [kept]
