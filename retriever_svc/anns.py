@@ -267,12 +267,14 @@ def build_backend(args: argparse.Namespace) -> AnnsBackend:
     backend = AnnsBackend(CollectionRegistry(args.collections or default_collections_root(), default), schedule, width)
     backend.warm_up()
     if default.index is None and not default.error:
-        default.build_in_background(lambda report: _build_default(args.build_from, directory, report))
+        default.build_in_background(lambda report: _build_default(args.build_from, directory, report,
+                                                                  args.build_commit_every))
     return backend
 
 
-def _build_default(source: Path, directory: Path, report: Callable[[str], None]) -> AnnsIndex:
+def _build_default(source: Path, directory: Path, report: Callable[[str], None],
+                   commit_every: int | None) -> AnnsIndex:
     from retriever_svc.corpus.index import build_index
 
-    build_index(source, directory, progress=False, say=report, on_progress=report)
+    build_index(source, directory, progress=False, say=report, on_progress=report, commit_every=commit_every)
     return AnnsIndex(directory)

@@ -33,6 +33,9 @@ def add_retriever_args(parser: argparse.ArgumentParser) -> None:
     anns.add_argument("--build-from", type=Path, default=env("build_from", None),
                       help="when the default index is missing, build it from this HTML tree in the background "
                            "while the live collections serve (default: refuse to start)")
+    anns.add_argument("--build-commit-every", type=int, default=env("build_commit_every", None),
+                      help="passages that build embeds between two commits (whole pages; default 256): a build cut "
+                           "short resumes from its last commit")
     anns.add_argument("--l-schedule", default=env("l_schedule", "16,64,256"),
                       help="growing search list sizes L; the last is the final, full search")
     anns.add_argument("--beam-width", type=int, default=env("beam_width", 8))

@@ -4,7 +4,9 @@ An index directory holds `passages.sqlite` (row r = vector r), `vectors.npy` (th
 normalized embeddings, for exact search in benchmarks and recall reports), DiskANN's
 `ann_*` files and, written last, `manifest.json`. The manifest's fingerprint covers every
 input page's bytes and the build parameters: when it matches, a rebuild does nothing. A
-build works in `<out>/.partial` and moves its files in only when complete.
+build works in `<out>/.partial` and moves its files in only when complete; the passages it
+has embedded are committed to `<out>/.embedded.sqlite` as it goes (`corpus.checkpoint`), so
+a build cut short resumes where it stopped.
 """
 
 from __future__ import annotations
@@ -21,6 +23,15 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from retriever_svc.corpus.checkpoint import (
+    COMMIT_EVERY,
+    BuildCheckpoint,
+    PagePassages,
+    Resumed,
+    build_key,
+    discard_checkpoint,
+    page_digest,
+)
 from retriever_svc.corpus.extract import extract_html, html_files
 from retriever_svc.corpus.passages import DEFAULT_MAX_TOKENS, Passage, split_page
 from retriever_svc.corpus.store import write_store
@@ -168,32 +179,27 @@ def _install(partial: Path, out: Path) -> None:
     partial.rmdir()
 
 
-def _embed_reporting(passages: list[Passage], dtype: str, on_progress: Say, slice_size: int = 1024):
-    import numpy as np
-
-    parts = []
-    for start in range(0, len(passages), slice_size):
-        on_progress(f"embed {start}/{len(passages)} passages")
-        parts.append(embed_passages(passages[start:start + slice_size], dtype, progress=False))
-    on_progress("building the DiskANN index")
-    return np.concatenate(parts)
-
-
 def build_index(source: Path = DEFAULT_SOURCE, out: Path | None = None, params: BuildParams = BuildParams(),
                 *, force: bool = False, progress: bool = True, threads: int = 0,
                 say: Say = lambda m: print(m, file=sys.stderr, flush=True),
-                on_progress: Say | None = None) -> BuildResult:
+                on_progress: Say | None = None, commit_every: int | None = None) -> BuildResult:
     """Build (or find up to date) the index of the HTML tree `source` in `out`.
 
-    `on_progress`, when given, hears a one-line state ("embed 1024/14781 passages") as the build goes.
+    Embedded passages are committed to a checkpoint (`corpus.checkpoint`) every `commit_every`
+    (default `COMMIT_EVERY`) passages, so a build cut short (a `down`, a crash, a SIGKILL)
+    resumes from what was committed; `force` starts the embedding over. `on_progress`, when
+    given, hears a one-line state ("embed 7,024/14,781 passages; resumed at 6,000 of 14,781") as the build goes.
     """
     from tqdm import tqdm
+
+    from retriever_svc.embedding import EMBED_BACKEND
 
     source, out = Path(source), Path(out) if out is not None else default_index_dir()
     files = html_files(source)
     if not files:
         raise FileNotFoundError(f"no HTML pages under {source}")
     out.mkdir(parents=True, exist_ok=True)
+    report = on_progress or (lambda _: None)
     with open(out / ".lock", "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)       # one build per directory at a time
         digest = fingerprint(source, files, params)
@@ -207,23 +213,40 @@ def build_index(source: Path = DEFAULT_SOURCE, out: Path | None = None, params: 
         partial.mkdir()
 
         count_tokens = token_counter()
-        passages: list[Passage] = []
-        for path in tqdm(files, desc="extract", unit="page", disable=not progress):
-            page = extract_html(path.read_text(encoding="utf-8", errors="replace"), path.relative_to(source).as_posix())
-            passages.extend(split_page(page, params.max_tokens, count_tokens))
+        pages: list[PagePassages] = []
+        for n, path in enumerate(tqdm(files, desc="extract", unit="page", disable=not progress)):
+            if n % 50 == 0:
+                report(f"extract {n}/{len(files)} pages")
+            relative = path.relative_to(source).as_posix()
+            page = extract_html(path.read_text(encoding="utf-8", errors="replace"), relative)
+            pages.append(PagePassages(relative, page_digest(path),
+                                      split_page(page, params.max_tokens, count_tokens)))
+        passages = [passage for page in pages for passage in page.passages]
         if not passages:
             raise ValueError(f"the pages under {source} have no text")
         seconds["extract_split"] = time.monotonic() - started
         say(f"{len(files)} pages -> {len(passages)} passages")
 
         t = time.monotonic()
-        if on_progress is None:
-            vectors = embed_passages(passages, params.embed_dtype, progress)
-        else:
-            vectors = _embed_reporting(passages, params.embed_dtype, on_progress)
+        checkpoint = BuildCheckpoint(out, build_key(FORMAT_VERSION, asdict(params), EMBED_BACKEND), fresh=force)
+        try:
+            with tqdm(total=len(passages), desc="embed", unit="passage", disable=not progress) as bar:
+                def note(done: int, total: int, resumed: Resumed) -> None:
+                    bar.n = done
+                    bar.refresh()
+                    report(f"embed {done:,}/{total:,} passages" + (f"; {resumed.note()}" if resumed.note() else ""))
+
+                resumed = checkpoint.embed(pages, lambda batch: embed_passages(batch, params.embed_dtype, False),
+                                           commit_every or COMMIT_EVERY, note)
+            if resumed.committed:
+                say(f"embedding {resumed.note()} passages (committed by an earlier build)")
+            vectors = checkpoint.vectors(passages)
+        finally:
+            checkpoint.close()
         seconds["embed"] = time.monotonic() - t
 
         t = time.monotonic()
+        report("building the DiskANN index")
         say(f"building the DiskANN disk index (R={params.graph_degree}, L={params.build_complexity})")
         corpus = DEFAULT_CORPUS if source.resolve() == DEFAULT_SOURCE.resolve() else source.resolve().name
         manifest = save_index(partial, passages, vectors, params, corpus=corpus, source=str(source.resolve()),
@@ -231,8 +254,11 @@ def build_index(source: Path = DEFAULT_SOURCE, out: Path | None = None, params: 
         seconds["diskann_store"] = time.monotonic() - t
         seconds["total"] = time.monotonic() - started
         manifest["build_seconds"] = {k: round(v, 2) for k, v in seconds.items()}
+        manifest["embedding_resumed_at"] = resumed.committed        # passages an earlier, cut-short build embedded
+        manifest["passages_embedded"] = len(passages) - resumed.committed     # by this build
         (partial / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
         _install(partial, out)
+        discard_checkpoint(out)
         size = sum(p.stat().st_size for p in out.iterdir() if p.is_file())
         say(f"index built in {seconds['total']:.1f} s: {len(passages)} passages, {size / 2**20:.1f} MiB in {out}")
         return BuildResult(out, True, manifest)

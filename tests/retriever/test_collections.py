@@ -12,14 +12,9 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import os
-import queue
 import random
-import re
 import signal
 import sqlite3
-import subprocess
-import sys
 import tempfile
 import threading
 from collections.abc import AsyncIterator
@@ -43,6 +38,7 @@ from retriever_svc.corpus.passages import approx_tokens
 from retriever_svc.server import build_runner
 from servicekit.config import ServiceConfig
 from tests.retriever import build_tiny_index
+from tests.support.retriever_process import RetrieverProcess
 
 REPO = Path(__file__).resolve().parents[2]
 SCHEDULE = (8, 32, 64)
@@ -526,41 +522,6 @@ def test_a_merge_between_a_files_commit_and_its_publish_leaves_each_passage_once
 
 # ---------------------------------------------------------------- 5. SIGKILL in the middle of AddFiles
 
-class RetrieverProcess:
-    """`python -m retriever_svc.server --kind anns` on a free port; its stdout is drained by a thread."""
-
-    def __init__(self, index: Path, collections: Path, log: Path) -> None:
-        self.log = log
-        with open(log, "ab") as stderr:
-            self.process = subprocess.Popen(
-                [sys.executable, "-m", "retriever_svc.server", "--kind", "anns", "--index", str(index),
-                 "--collections", str(collections), "--host", "127.0.0.1", "--port", "0", "--metrics-port", "0"],
-                cwd=REPO, stdout=subprocess.PIPE, stderr=stderr, text=True)
-        self._lines: queue.Queue[str | None] = queue.Queue()
-        threading.Thread(target=self._drain, daemon=True).start()
-
-    def _drain(self) -> None:
-        for line in self.process.stdout:
-            self._lines.put(line)
-        self._lines.put(None)
-
-    def wait_for_port(self, timeout_s: float = 180) -> int:
-        while True:
-            try:
-                line = self._lines.get(timeout=timeout_s)
-            except queue.Empty:
-                pytest.fail(f"the retriever did not start in {timeout_s} s: {self.log.read_text()[-2000:]}")
-            if line is None:
-                pytest.fail(f"the retriever exited ({self.process.wait()}): {self.log.read_text()[-2000:]}")
-            if found := re.search(r"anns retriever on \S+:(\d+) ", line):
-                return int(found[1])
-
-    def kill(self) -> None:
-        if self.process.poll() is None:
-            os.kill(self.process.pid, signal.SIGKILL)
-        self.process.wait(timeout=30)
-
-
 def crash_files(folder: str, count: int) -> list[tuple[str, bytes]]:
     """Distinct small Markdown files of two passages each; a file's first paragraph is its question."""
     rng = random.Random(7)
@@ -600,7 +561,7 @@ def test_sigkill_during_add_files_loses_no_acknowledged_file_and_leaves_none_hal
             in_flight.acquire(timeout=60)
             yield pb.AddFilesRequest(collection="crash", path=path, content=data)
 
-    first = RetrieverProcess(tiny_index, collections, tmp_path / "first.log")
+    first = RetrieverProcess(tmp_path / "first.log", "--index", str(tiny_index), "--collections", str(collections))
     channel = None
     try:
         channel = grpc.insecure_channel(f"127.0.0.1:{first.wait_for_port()}")
@@ -623,7 +584,7 @@ def test_sigkill_during_add_files_loses_no_acknowledged_file_and_leaves_none_hal
             channel.close()
         first.kill()
 
-    second = RetrieverProcess(tiny_index, collections, tmp_path / "second.log")
+    second = RetrieverProcess(tmp_path / "second.log", "--index", str(tiny_index), "--collections", str(collections))
     channel = None
     try:
         channel = grpc.insecure_channel(f"127.0.0.1:{second.wait_for_port()}")

@@ -37,3 +37,30 @@ def build_tiny_corpus(root: Path) -> Path:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(render(title, body, links), encoding="utf-8")
     return root
+
+
+TOPICS = ["sorting lists", "reading files", "dictionary keys", "string formatting", "exceptions", "generators",
+          "decorators", "classes", "modules", "regular expressions", "dates and times", "threads", "sockets",
+          "json encoding", "csv files", "unit tests", "logging", "paths", "subprocesses", "random numbers"]
+FILLER = ["returns", "a new", "value", "when", "the argument", "is", "missing", "and", "raises", "an error",
+          "for each", "item", "in order", "with", "the default", "object", "that", "holds", "the result", "of it"]
+
+
+def build_guide_pages(root: Path, count: int = 30, seed: int = 3) -> Path:
+    """`count` linked pages of two sections each (about two passages a page): a site an index build takes a
+    few seconds over, so a test can cut it short."""
+    import random
+
+    rng = random.Random(seed)
+    root.mkdir(parents=True, exist_ok=True)
+    for n in range(count):
+        topic = TOPICS[n % len(TOPICS)]
+        sections = "".join(
+            f'<section id="part-{s}"><h2>{topic.title()}, part {s}</h2><p>How to use {topic} in Python: '
+            + " ".join(rng.choice(FILLER) for _ in range(120)) + f" ({topic} {n}.{s})</p></section>"
+            for s in range(2))
+        links = "".join(f'<a href="page-{(n + step) % count:03d}.html">next</a>' for step in (1, 7))
+        (root / f"page-{n:03d}.html").write_text(
+            f"<!DOCTYPE html><html><head><title>Guide {n}: {topic}</title></head><body><div class=\"body\">"
+            f"<h1>Guide {n}: {topic}</h1>{sections}{links}</div></body></html>", encoding="utf-8")
+    return root
