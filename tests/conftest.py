@@ -17,6 +17,10 @@ from tests.support.redis_server import PrivateRedis
 from tests.support.tiny_corpus import build_tiny_corpus
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+# Without a GPU the Triton kernels run in Triton's interpreter, which must be chosen before anything
+# (torch included) first imports triton (engine/triton_attention.py).
+if not os.path.exists("/dev/nvidiactl"):
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 OPT_IN = {
     "slow": "slow test: run with --run-slow",

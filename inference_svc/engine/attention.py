@@ -42,6 +42,11 @@ class AttentionMetadata:
     decode_mask: torch.Tensor | None  # [B, 1, 1, max_ctx] additive (0 / -inf)
     prefills: tuple[PrefillChunk, ...]
 
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
+               v_cache: torch.Tensor) -> torch.Tensor:
+        """The SDPA path (``paged_attention``); the Triton path's metadata has the same method (paged_batch)."""
+        return paged_attention(q, k, v, k_cache, v_cache, self)
+
 
 def _slots(table: torch.Tensor, end: int, block_size: int) -> torch.Tensor:
     """Cache slots of positions ``[0, end)`` for block table(s) ``[..., num_blocks]``."""

@@ -38,6 +38,22 @@ class ChunkInput:
     reuse: ChunkReuse | None = None  # blend mode: cached passages to reuse, passages to capture (chunk_store.py)
 
 
+ATTENTION_CHOICES = ("auto", "sdpa", "triton")
+
+
+def resolve_attention(choice: str, device: torch.device, head_dim: int) -> str:
+    """"auto": the Triton kernels on CUDA (when the head size suits them), SDPA on the CPU."""
+    if choice not in ATTENTION_CHOICES:
+        raise ValueError(f"attention must be one of {ATTENTION_CHOICES}, got {choice!r}")
+    if choice != "auto":
+        return choice
+    if device.type != "cuda":
+        return "sdpa"
+    from inference_svc.engine.triton_attention import supported
+
+    return "triton" if supported(head_dim) else "sdpa"
+
+
 class ModelRunner:
     """A Llama-family model plus its paged KV cache on ``device``.
 
@@ -55,6 +71,8 @@ class ModelRunner:
         num_device_blocks: int,
         num_cpu_blocks: int,
         seed: int = 0,
+        attention: str = "auto",
+        cuda_graphs: bool = True,
     ) -> None:
         self.device = torch.device(device)
         self.dtype = dtype
@@ -75,6 +93,23 @@ class ModelRunner:
             device=self.device,
         )
         self.bytes_per_block = kv_bytes_per_block(self.config, block_size, dtype)
+        self.attention = resolve_attention(attention, self.device, self.config.head_dim)
+        self._batch = self._graphs = None
+        if self.attention == "triton":
+            from inference_svc.engine.paged_batch import BatchBuilder
+
+            self._batch = BatchBuilder(block_size=block_size, num_heads=self.config.num_heads,
+                                       num_kv_heads=self.config.num_kv_heads, device=self.device)
+            if cuda_graphs and self.device.type == "cuda":
+                from inference_svc.engine.cuda_graphs import DecodeGraphs
+
+                width = min(num_device_blocks, -(-self.config.max_position_embeddings // block_size))
+                self._graphs = DecodeGraphs(self._batch, self._forward_fields, width=width)
+
+    @property
+    def graph_replays(self) -> int:
+        """Decode steps served by a CUDA graph so far."""
+        return 0 if self._graphs is None else self._graphs.replays
 
     @property
     def eos_token_ids(self) -> tuple[int, ...]:
@@ -178,7 +213,25 @@ class ModelRunner:
             return torch.empty(0, self.config.vocab_size, dtype=torch.float32, device=dev)
         return self.model.compute_logits(hidden[-c.num_logits:])
 
+    def _forward_fields(self, fields: dict[str, torch.Tensor], meta: object) -> torch.Tensor:
+        """The kernels' forward over a packed batch on the device (paged_batch): logits of its logit rows."""
+        hidden = self.model(fields["input_ids"], fields["positions"], meta, self.kv_cache.layers)
+        return self.model.compute_logits(hidden[fields["logit_rows"]])
+
+    def _execute_kernels(self, chunks: Sequence[ChunkInput]) -> torch.Tensor:
+        """The Triton path: the batch in one buffer and one copy, a CUDA graph for decode-only steps."""
+        from inference_svc.engine.paged_batch import Span
+
+        spans = [Span(c.token_ids, c.start_pos, c.block_table, c.num_logits if c.want_logits else 0)
+                 for c in chunks]
+        if self._graphs is not None and self._graphs.fits(spans):
+            return self._graphs.run(spans)
+        host, layout, block_q = self._batch.pack(spans)
+        return self._forward_fields(*self._batch.to_device(host, layout, block_q))
+
     def _execute_packed(self, chunks: Sequence[ChunkInput]) -> torch.Tensor:
+        if self._batch is not None:
+            return self._execute_kernels(chunks)
         # Single-token chunks first: attention batches them in one call.
         order = sorted(range(len(chunks)), key=lambda i: len(chunks[i].token_ids) > 1)
         ids: list[int] = []

@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from safetensors import safe_open
 from torch import nn
 
-from inference_svc.engine.attention import AttentionMetadata, attend_rows, paged_attention
+from inference_svc.engine.attention import AttentionMetadata, attend_rows
 from inference_svc.engine.blend import CHECK_LAYER, select_rows
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
@@ -226,7 +226,7 @@ class Attention(nn.Module):
         qkv = self.qkv_proj(x).view(x.shape[0], h + 2 * hkv, self.head_dim).transpose(0, 1)  # [heads, T, D]
         qk = apply_rotary(qkv[: h + hkv], cos, sin)
         v = qkv[h + hkv :].contiguous()
-        out = paged_attention(qk[:h], qk[h:], v, kv[0], kv[1], meta)
+        out = meta.attend(qk[:h], qk[h:], v, kv[0], kv[1])   # SDPA (attention.py) or kernels (paged_batch.py)
         return self.o_proj(out)
 
 

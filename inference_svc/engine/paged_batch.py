@@ -1,0 +1,147 @@
+"""A step's batch for the Triton kernels, packed into one integer buffer and copied in one transfer.
+
+Everything a forward over the paged cache reads besides the weights and the cache (token ids,
+positions, each token's cache slot, each sequence's rows, start and block table, the query tiles,
+and the rows whose logits are wanted) is written on the host into one int64 buffer, pinned on CUDA,
+and copied to the device with one non-blocking copy. The fields are views into the device copy, so
+a step issues no other host-to-device copy, builds no mask, and never waits for the device.
+
+A CUDA graph (cuda_graphs.py) keeps one such device buffer per batch-size bucket: the layout has
+fixed sizes there (``capacity``), and the padded sequences have no query rows and slot -1.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from inference_svc.engine import triton_attention
+
+FIELDS = ("input_ids", "positions", "slot_mapping", "logit_rows",
+          "seq_q_start", "seq_q_len", "seq_ctx_start", "tile_seq", "tile_off", "block_tables")
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Sizes of a batch buffer: tokens, sequences, query tiles, block-table width and logit rows."""
+
+    tokens: int
+    seqs: int
+    tiles: int
+    width: int
+    rows: int
+
+    def sizes(self) -> dict[str, int]:
+        t, s, n = self.tokens, self.seqs, self.tiles
+        return dict(input_ids=t, positions=t, slot_mapping=t, logit_rows=self.rows, seq_q_start=s, seq_q_len=s,
+                    seq_ctx_start=s, tile_seq=n, tile_off=n, block_tables=s * self.width)
+
+    @property
+    def numel(self) -> int:
+        return sum(self.sizes().values())
+
+    def views(self, buffer: torch.Tensor) -> dict[str, torch.Tensor]:
+        out, at = {}, 0
+        for name, size in self.sizes().items():
+            out[name] = buffer[at:at + size]
+            at += size
+        out["block_tables"] = out["block_tables"].view(self.seqs, self.width)
+        return out
+
+
+@dataclass
+class KernelMetadata:
+    """The attention fields of a batch on the device (views into its buffer); shared by every layer."""
+
+    fields: dict[str, torch.Tensor]
+    block_q: int
+    page_size: int
+
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
+               v_cache: torch.Tensor) -> torch.Tensor:
+        """Store the new ``k``/``v`` ``[kv_heads, T, D]`` and attend ``q`` ``[heads, T, D]``; ``[T, heads * D]``."""
+        f = self.fields
+        triton_attention.store_kv(k, v, k_cache, v_cache, f["slot_mapping"])
+        num_heads, t, head_dim = q.shape
+        out = q.new_empty(t, num_heads, head_dim)
+        triton_attention.paged_attention(
+            q, k_cache, v_cache, out, block_tables=f["block_tables"], seq_q_start=f["seq_q_start"],
+            seq_q_len=f["seq_q_len"], seq_ctx_start=f["seq_ctx_start"], tile_seq=f["tile_seq"],
+            tile_off=f["tile_off"], block_q=self.block_q, page_size=self.page_size)
+        return out.view(t, num_heads * head_dim)
+
+
+@dataclass(frozen=True)
+class Span:
+    """One sequence of the batch: ``token_ids`` at positions from ``start``, its block table, and how
+    many trailing tokens want logits (0: none)."""
+
+    token_ids: Sequence[int]
+    start: int
+    block_table: Sequence[int]
+    num_logits: int
+
+
+class BatchBuilder:
+    """Packs spans into a host buffer laid out by ``Layout``; ``to_device`` makes the metadata."""
+
+    def __init__(self, *, block_size: int, num_heads: int, num_kv_heads: int, device: torch.device) -> None:
+        self.block_size = block_size
+        self.num_heads, self.num_kv_heads = num_heads, num_kv_heads
+        self.device = device
+        self._pin = device.type == "cuda"
+
+    def block_q(self, decode_only: bool) -> int:
+        return triton_attention.tile_tokens(self.num_heads, self.num_kv_heads, decode_only=decode_only)
+
+    def layout(self, spans: Sequence[Span]) -> Layout:
+        """The exact sizes ``spans`` need."""
+        bq = self.block_q(all(len(s.token_ids) == 1 for s in spans))
+        bs = self.block_size
+        return Layout(tokens=sum(len(s.token_ids) for s in spans), seqs=len(spans),
+                      tiles=sum(-(-len(s.token_ids) // bq) for s in spans),
+                      width=max(-(-(s.start + len(s.token_ids)) // bs) for s in spans),
+                      rows=sum(s.num_logits for s in spans))
+
+    def pack(self, spans: Sequence[Span], layout: Layout | None = None) -> tuple[torch.Tensor, Layout, int]:
+        """(host buffer, its layout, block_q). With a fixed ``layout`` (a graph's), the spans must fit in
+        it: the rest is padding (no rows, slot -1, empty tiles)."""
+        decode_only = all(len(s.token_ids) == 1 for s in spans)
+        bq = self.block_q(decode_only)
+        layout = layout or self.layout(spans)
+        host = torch.zeros(layout.numel, dtype=torch.int64, pin_memory=self._pin)
+        f = {name: view.numpy() for name, view in layout.views(host).items()}
+        f["slot_mapping"][:] = -1
+        bs, row, tile, logit = self.block_size, 0, 0, 0
+        for i, s in enumerate(spans):
+            n, end = len(s.token_ids), s.start + len(s.token_ids)
+            table = np.asarray(s.block_table[: -(-end // bs)], dtype=np.int64)
+            positions = np.arange(s.start, end)
+            f["input_ids"][row:row + n] = s.token_ids
+            f["positions"][row:row + n] = positions
+            f["slot_mapping"][row:row + n] = table[positions // bs] * bs + positions % bs
+            f["seq_q_start"][i], f["seq_q_len"][i], f["seq_ctx_start"][i] = row, n, s.start
+            f["block_tables"][i, :table.shape[0]] = table
+            tiles = -(-n // bq)
+            f["tile_seq"][tile:tile + tiles] = i
+            f["tile_off"][tile:tile + tiles] = np.arange(0, n, bq)
+            f["logit_rows"][logit:logit + s.num_logits] = np.arange(row + n - s.num_logits, row + n)
+            row, tile, logit = row + n, tile + tiles, logit + s.num_logits
+        if tile < layout.tiles:   # padding tiles point at a padding sequence (no rows): they do nothing
+            f["tile_seq"][tile:] = len(spans) if len(spans) < layout.seqs else 0
+            f["tile_off"][tile:] = 0 if len(spans) < layout.seqs else 1 << 30
+        return host, layout, bq
+
+    def to_device(self, host: torch.Tensor, layout: Layout, block_q: int,
+                  into: torch.Tensor | None = None) -> tuple[dict[str, torch.Tensor], KernelMetadata]:
+        """Copy ``host`` to the device (into ``into`` when given: a graph's static buffer) in one transfer."""
+        if into is None:
+            device_buffer = host.to(self.device, non_blocking=self._pin)
+        else:
+            device_buffer = into[:layout.numel]
+            device_buffer.copy_(host, non_blocking=self._pin)
+        fields = layout.views(device_buffer)
+        return fields, KernelMetadata(fields, block_q, self.block_size)
