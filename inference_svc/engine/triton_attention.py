@@ -61,16 +61,17 @@ def supported(head_dim: int) -> bool:
 @triton.jit
 def _store_kv_kernel(k_ptr, v_ptr, k_cache_ptr, v_cache_ptr, slot_ptr,
                      stride_kh, stride_kt, stride_vh, stride_vt, stride_cs, stride_ch,
-                     NUM_KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr):
+                     NUM_KV_HEADS: tl.constexpr, KV_PAD: tl.constexpr, HEAD_DIM: tl.constexpr):
     t = tl.program_id(0)
     slot = tl.load(slot_ptr + t)
     if slot >= 0:
-        h = tl.arange(0, NUM_KV_HEADS)[:, None]
+        h = tl.arange(0, KV_PAD)[:, None]
         d = tl.arange(0, HEAD_DIM)[None, :]
-        k = tl.load(k_ptr + h * stride_kh + t * stride_kt + d)
-        v = tl.load(v_ptr + h * stride_vh + t * stride_vt + d)
-        tl.store(k_cache_ptr + slot * stride_cs + h * stride_ch + d, k)
-        tl.store(v_cache_ptr + slot * stride_cs + h * stride_ch + d, v)
+        ok = h < NUM_KV_HEADS
+        k = tl.load(k_ptr + h * stride_kh + t * stride_kt + d, mask=ok)
+        v = tl.load(v_ptr + h * stride_vh + t * stride_vt + d, mask=ok)
+        tl.store(k_cache_ptr + slot * stride_cs + h * stride_ch + d, k, mask=ok)
+        tl.store(v_cache_ptr + slot * stride_cs + h * stride_ch + d, v, mask=ok)
 
 
 @triton.jit
@@ -138,7 +139,8 @@ def store_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: t
     """Write ``k``/``v`` ``[kv_heads, T, D]`` (the last axis dense) to cache slots ``[T]`` (< 0: skipped)."""
     kv_heads, t, head_dim = k.shape
     _store_kv_kernel[(t,)](k, v, k_cache, v_cache, slots, k.stride(0), k.stride(1), v.stride(0), v.stride(1),
-                           k_cache.stride(0), k_cache.stride(1), NUM_KV_HEADS=kv_heads, HEAD_DIM=head_dim)
+                           k_cache.stride(0), k_cache.stride(1), NUM_KV_HEADS=kv_heads,
+                           KV_PAD=triton.next_power_of_2(kv_heads), HEAD_DIM=head_dim)
 
 
 def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, out: torch.Tensor, *,

@@ -64,7 +64,7 @@ def _run_both(lengths, heads, kv_heads, head_dim=32, dtype=torch.float32, seed=0
     return ref, out, (kc_ref, vc_ref), (kc, vc)
 
 
-@pytest.mark.parametrize(("heads", "kv_heads"), [(4, 1), (6, 2), (4, 4)])
+@pytest.mark.parametrize(("heads", "kv_heads"), [(4, 1), (6, 2), (4, 4), (9, 3)])
 def test_decodes_and_chunks_mixed_match_sdpa(heads, kv_heads):
     lengths = [(37, 1), (5, 1), (16, 1),          # decodes: partial, short, a full last block
                (0, 23),                           # a first chunk (causal over itself)
