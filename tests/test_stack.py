@@ -14,6 +14,7 @@ import argparse
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -236,6 +237,77 @@ def test_a_service_that_fails_is_named_with_its_log_and_nothing_stays_up(tiny_in
     assert "inference-0.log" in up.stderr
     assert processes_in(run_dir) == []
     assert not (run_dir / "state.json").exists()
+
+
+def free_port_offset(tiny_index: Path) -> int:
+    """A --port-offset whose every planned port nothing listens on (the test needs fixed ports: the
+    second `up` must bind the very ports the first one served on)."""
+    import random
+
+    for offset in random.Random().sample(range(1000, 14000, 7), 200):
+        options = up_args(port_offset=offset, corpus_root=tiny_index.parent / "site")
+        ports = [p for s in plan.plan_stack(options, tiny_index, 6379 + offset) for p in s.ports]
+        if not any(processes.port_in_use(p) for p in ports):
+            return offset
+    raise AssertionError("no free port offset found")
+
+
+def time_wait_ports() -> set[int]:
+    """Local ports with a socket in TIME_WAIT (closed connections the kernel still remembers)."""
+    ports = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for line in Path(table).read_text().splitlines()[1:]:
+            local, state = line.split()[1], line.split()[3]
+            if state == "06":
+                ports.add(int(local.rsplit(":", 1)[1], 16))
+    return ports
+
+
+def test_down_then_up_at_once_on_the_same_ports(tiny_index: Path, run_dir: Path):
+    offset = free_port_offset(tiny_index)
+    up_args_ = ["up", "--run-dir", str(run_dir), "--port-offset", str(offset), "--replicas", "1",
+                "--corpus-root", str(tiny_index.parent / "site"), "--index", str(tiny_index), "--timeout", "240"]
+    first = streamrag(*up_args_)
+    assert first.returncode == 0, first.stdout + first.stderr
+    served = services_of(run_dir)
+    orchestrator = served["orchestrator"].target
+    # A client that keeps its connection (as the gateway or a load test does) while the stack goes down:
+    # the orchestrator closes it, so the closed connection lingers in TIME_WAIT on the orchestrator's port.
+    with keyed_channel(orchestrator, key=stack_key(run_dir)) as channel:
+        for question in ("How do I close a file?", "How do I read a file?"):
+            request = orchestrator_pb2.AskRequest(question=question, max_tokens=8,
+                                                  retriever=orchestrator_pb2.RETRIEVER_CHOICE_ANNS)
+            events = list(orchestrator_pb2_grpc.OrchestratorStub(channel).Ask(request, timeout=120))
+            assert events[-1].event.WhichOneof("kind") == "done"
+        down = streamrag("down", "--run-dir", str(run_dir))
+        assert down.returncode == 0, down.stdout + down.stderr
+    assert int(orchestrator.rsplit(":", 1)[1]) in time_wait_ports(), "the orchestrator's port should be in TIME_WAIT"
+
+    again = streamrag(*up_args_)                       # at once: only TIME_WAIT sockets are left there
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert "already in use" not in again.stderr
+    status, rows = status_rows(run_dir)
+    assert status.returncode == 0 and all(" healthy " in row for row in rows.values()), status.stdout
+    assert {s.name: s.ports for s in services_of(run_dir).values()} == {n: s.ports for n, s in served.items()}
+    ask(orchestrator, stack_key(run_dir))
+    assert streamrag("down", "--run-dir", str(run_dir)).returncode == 0
+
+
+def test_a_port_is_busy_while_something_listens_not_while_closed_connections_linger():
+    listener = socket.socket()
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)     # as gRPC's servers bind
+    listener.bind(("127.0.0.1", 0))
+    listener.listen()
+    port = listener.getsockname()[1]
+    assert processes.port_in_use(port)
+    client = socket.create_connection(("127.0.0.1", port))
+    accepted, _ = listener.accept()
+    listener.close()
+    accepted.close()                                   # the server side closes first: TIME_WAIT on `port`
+    client.close()
+    assert port in time_wait_ports()
+    assert not processes.port_in_use(port)
 
 
 # ---------------------------------------------------------------- no services needed

@@ -18,18 +18,9 @@ import time
 from pathlib import Path
 
 from servicekit.health import check_health
+from servicekit.pids import process_start_ticks
 from streamrag.stack.plan import HOST, Service, StackError, probe_timeout
 from streamrag.stack.state import StackState, clear_state, log_path, write_state
-
-
-def process_start_ticks(pid: int) -> int | None:
-    """The process's start time from /proc (None: no such process, or a zombie)."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    fields = stat.rsplit(")", 1)[1].split()      # after "pid (comm)": state is field 3, starttime field 22
-    return None if fields[0] in ("Z", "X") else int(fields[19])
 
 
 def is_running(service: Service) -> bool:
@@ -40,7 +31,16 @@ def is_running(service: Service) -> bool:
 
 
 def port_in_use(port: int) -> bool:
+    """True when something listens on `port` (or holds it bound without letting it be shared).
+
+    The bind sets SO_REUSEADDR, as gRPC, Redis, uvicorn and the metrics server do when they bind:
+    the sockets of closed connections (TIME_WAIT, which a stack that served requests leaves for a
+    minute after `down`) do not keep them from binding, so they do not count as busy here either.
+    SO_REUSEPORT, which gRPC sets too, is left off: with it the bind would succeed beside a live
+    gRPC server and share its port.
+    """
     with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind((HOST, port))
         except OSError:
