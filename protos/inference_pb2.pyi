@@ -218,7 +218,7 @@ class BlockPoolStats(_message.Message):
     def __init__(self, name: _Optional[str] = ..., total_blocks: _Optional[int] = ..., free_blocks: _Optional[int] = ..., block_size: _Optional[int] = ..., bytes_per_block: _Optional[int] = ...) -> None: ...
 
 class EngineCounters(_message.Message):
-    __slots__ = ("requests_received", "requests_finished", "requests_aborted", "prompt_tokens_computed", "generated_tokens", "tokens_invalidated", "preemptions_swap", "preemptions_recompute", "prefix_cache_hit_tokens", "steps", "draft_tokens", "accepted_draft_tokens")
+    __slots__ = ("requests_received", "requests_finished", "requests_aborted", "prompt_tokens_computed", "generated_tokens", "tokens_invalidated", "preemptions_swap", "preemptions_recompute", "prefix_cache_hit_tokens", "steps", "draft_tokens", "accepted_draft_tokens", "chunk_captures_skipped")
     REQUESTS_RECEIVED_FIELD_NUMBER: _ClassVar[int]
     REQUESTS_FINISHED_FIELD_NUMBER: _ClassVar[int]
     REQUESTS_ABORTED_FIELD_NUMBER: _ClassVar[int]
@@ -231,6 +231,7 @@ class EngineCounters(_message.Message):
     STEPS_FIELD_NUMBER: _ClassVar[int]
     DRAFT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     ACCEPTED_DRAFT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    CHUNK_CAPTURES_SKIPPED_FIELD_NUMBER: _ClassVar[int]
     requests_received: int
     requests_finished: int
     requests_aborted: int
@@ -243,4 +244,5 @@ class EngineCounters(_message.Message):
     steps: int
     draft_tokens: int
     accepted_draft_tokens: int
-    def __init__(self, requests_received: _Optional[int] = ..., requests_finished: _Optional[int] = ..., requests_aborted: _Optional[int] = ..., prompt_tokens_computed: _Optional[int] = ..., generated_tokens: _Optional[int] = ..., tokens_invalidated: _Optional[int] = ..., preemptions_swap: _Optional[int] = ..., preemptions_recompute: _Optional[int] = ..., prefix_cache_hit_tokens: _Optional[int] = ..., steps: _Optional[int] = ..., draft_tokens: _Optional[int] = ..., accepted_draft_tokens: _Optional[int] = ...) -> None: ...
+    chunk_captures_skipped: int
+    def __init__(self, requests_received: _Optional[int] = ..., requests_finished: _Optional[int] = ..., requests_aborted: _Optional[int] = ..., prompt_tokens_computed: _Optional[int] = ..., generated_tokens: _Optional[int] = ..., tokens_invalidated: _Optional[int] = ..., preemptions_swap: _Optional[int] = ..., preemptions_recompute: _Optional[int] = ..., prefix_cache_hit_tokens: _Optional[int] = ..., steps: _Optional[int] = ..., draft_tokens: _Optional[int] = ..., accepted_draft_tokens: _Optional[int] = ..., chunk_captures_skipped: _Optional[int] = ...) -> None: ...

@@ -16,6 +16,9 @@ rotated by the position delta when the passage is reused elsewhere: `blend.py`).
   (`reclaim_device`, before any preemption), the least recently used entry spills to the CPU pool
   (eviction `swap`/`cost`) or is dropped (`recompute`); CPU entries are dropped, least recently
   used first, when the CPU pool is full or a swap-out needs their blocks (`reclaim_cpu`).
+- A capture with no room (no free device block, or no unpinned entry to evict under the device
+  capacity) is skipped, never forced: the passage is simply not kept. Skips are counted
+  (`ChunkStoreStats.captures_skipped`, the engine's `chunk_captures_skipped` counter).
 - An entry a step uses (read by a blended chunk, or written by a capture) is pinned for that step:
   nothing evicts it until the next `begin_step`; a captured entry is readable from the next step.
 
@@ -101,6 +104,7 @@ class ChunkStoreStats:
     lookups: int = 0
     hits: int = 0
     captures: int = 0
+    captures_skipped: int = 0    # passages not captured for want of device blocks (free, or evictable under capacity)
     spills: int = 0
     drops: int = 0
 
@@ -153,8 +157,10 @@ class ChunkStore:
         moves: BlockPairs = []
         while self.blocks_held(False) + need > self.device_capacity:
             if not self._evict_device(moves):
+                self.stats.captures_skipped += 1
                 return None, moves
         if need > self.device.num_free:
+            self.stats.captures_skipped += 1
             return None, moves      # never preempts or evicts for a capture beyond its capacity
         entry = ChunkEntry(key, position, self.device.allocate(need), ready_step=self.step + 1,
                            pinned_step=self.step)

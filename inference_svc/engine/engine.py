@@ -134,6 +134,7 @@ class EngineCounters:
     steps: int = 0
     draft_tokens: int = 0               # drafted tokens verified
     accepted_draft_tokens: int = 0      # drafted tokens accepted (emitted)
+    chunk_captures_skipped: int = 0     # blend captures the chunk store had no free blocks for (chunk_store.py)
 
 
 @dataclass(frozen=True)
@@ -496,6 +497,7 @@ class Engine:
         for request in out.swapped_in:
             self._emit(request, EventKind.KV_ON_GPU, count=request.num_computed_tokens, detail="swapped in")
         self.counters.prefix_cache_hit_tokens += sum(out.prefix_hits.values())
+        self.counters.chunk_captures_skipped = self.scheduler.kv.chunks.stats.captures_skipped
         for p in out.preempted:
             swapped = p.kind is PreemptionKind.SWAP
             kind = EventKind.PREEMPTED_SWAP if swapped else EventKind.PREEMPTED_RECOMPUTE

@@ -46,6 +46,7 @@ class StepMetrics:
             m.kv_blocks.labels(pool.name, "total").set(pool.num_blocks)
             m.kv_blocks.labels(pool.name, "free").set(pool.num_free)
         m.prefix_hits.set(engine.counters.prefix_cache_hit_tokens)
+        m.chunk_captures_skipped.set(engine.counters.chunk_captures_skipped)
 
     def _observe_drafts(self, drafted: int, accepted: int) -> None:
         seen_drafted, seen_accepted = self._drafts_seen

@@ -27,6 +27,9 @@ class InferenceMetrics:
         self.tokens_invalidated = Counter("streamrag_tokens_invalidated", "KV tokens dropped by updates", registry=r)
         self.prefix_hits = Gauge("streamrag_prefix_cache_hit_tokens", "Prompt tokens served from the prefix cache",
                                  registry=r)
+        self.chunk_captures_skipped = Gauge("streamrag_chunk_captures_skipped",
+                                            "Blend mode: passages not captured into the chunk store for lack of "
+                                            "free KV blocks, since the service started", registry=r)
         self.generated = Counter("streamrag_generated_tokens", "Generated tokens", registry=r)
         self.draft_tokens = Counter("streamrag_draft_tokens", "Speculative decoding: drafted tokens verified",
                                     registry=r)

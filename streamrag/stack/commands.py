@@ -362,8 +362,10 @@ def service_details(service: Service, options: dict, timeout_s: float = 2.0) -> 
                 stats = inference_pb2_grpc.InferenceStub(channel).GetStats(inference_pb2.GetStatsRequest(),
                                                                            timeout=timeout_s).stats
                 pools = ", ".join(f"{p.name} {p.free_blocks}/{p.total_blocks}" for p in stats.pools)
+                skipped = stats.counters.chunk_captures_skipped
                 return (f"role {stats.role or 'both'}; policy {stats.policy}; KV free/total blocks: {pools}; "
-                        f"running {stats.num_running}, waiting {stats.num_waiting}, sessions {stats.num_sessions}")
+                        f"running {stats.num_running}, waiting {stats.num_waiting}, sessions {stats.num_sessions}"
+                        + (f"; blend captures skipped (no free blocks): {skipped}" if skipped else ""))
             info = retriever_pb2_grpc.RetrieverStub(channel).Describe(retriever_pb2.RetrieverDescribeRequest(),
                                                                       timeout=timeout_s).retriever_info
         except grpc.RpcError as exc:

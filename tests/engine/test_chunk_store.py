@@ -196,3 +196,29 @@ def test_a_cancelled_blend_request_frees_everything():
     run_to_completion(engine)
     assert engine.scheduler.kv.num_device_blocks("gone") == 0
     check_no_leak(engine)
+
+
+def test_a_capture_skipped_for_lack_of_free_blocks_is_counted_in_the_stats_and_metrics():
+    from inference_svc.native.metrics import StepMetrics
+    from inference_svc.rpc.metrics import InferenceMetrics
+    from inference_svc.rpc.stats import counters_to_proto
+
+    engine = fake_engine(device_blocks=48, cpu_blocks=16, budget=256, chunk_device_blocks=48)
+    ask(engine, "a", DOCS[:3])              # the request's own blocks leave room for two passages' entries
+    events = run_to_completion(engine)
+    check_answers(engine, events, ["a"])
+    chunks = engine.scheduler.kv.chunks
+    assert chunks.stats.captures == 2 and len(chunks.entries) == 2
+    assert chunks.stats.captures_skipped == 1 == engine.counters.chunk_captures_skipped
+    assert counters_to_proto(engine.counters).chunk_captures_skipped == 1          # GetStats
+    metrics = InferenceMetrics()
+    StepMetrics(metrics).observe(engine, None, [])
+    assert metrics.registry.get_sample_value("streamrag_chunk_captures_skipped") == 1
+    check_no_leak(engine)
+
+
+def test_a_store_with_room_skips_no_capture():
+    engine = fake_engine(device_blocks=128, budget=256, chunk_device_blocks=64)
+    ask(engine, "a", DOCS[:3])
+    run_to_completion(engine)
+    assert engine.scheduler.kv.chunks.stats.captures == 3 and engine.counters.chunk_captures_skipped == 0
