@@ -22,7 +22,7 @@ from typing import Any
 import grpc
 
 from gateway.errors import GatewayError, from_grpc
-from gateway.protocol import RAG_MODEL, GenerationRequest, Sampling
+from gateway.protocol import RAG_MODEL, GenerationRequest, RetrievalOptions, Sampling
 from gateway.upstream import Upstream
 from protos import common_pb2, inference_pb2, orchestrator_pb2
 
@@ -56,6 +56,14 @@ def finish_reason(code: int, detail: str) -> str:
     raise GatewayError(502, f"generation failed: {detail or 'engine error'}", code="engine_error")
 
 
+def retriever_choice(retrieval: RetrievalOptions | None) -> int:
+    """The Ask's retriever choice; one the request left unsaid stays unset (0), so that the orchestrator's default
+    applies with its fall-back to the crawler while that default cannot serve (orchestrator/context_warnings.py)."""
+    if retrieval is None or "retriever" not in retrieval.model_fields_set:
+        return orchestrator_pb2.RETRIEVER_CHOICE_UNSPECIFIED
+    return RETRIEVER_CHOICES[retrieval.retriever]
+
+
 def sampling_params(request: Sampling) -> common_pb2.SamplingParams:
     sampling = common_pb2.SamplingParams(temperature=request.temperature or 0.0, top_p=request.top_p or 0.0,
                                          max_tokens=request.token_limit() or 0, stop=request.stop_strings)
@@ -74,7 +82,8 @@ def _ask_finish(done: orchestrator_pb2.AskDone) -> Finish:
                       "request_id": done.request_id, "replica": done.replica,
                       "sources": [_document(doc) for doc in done.sources],
                       "ttft_from_question_s": round(done.ttft_from_question_s, 4),
-                      "retrieval_s": round(done.retrieval_s, 4)})
+                      "retrieval_s": round(done.retrieval_s, 4),
+                      "warnings": list(done.warnings)})        # why sources are missing or from elsewhere
 
 
 def _inference_finish(done: inference_pb2.InferenceDone) -> Finish:
@@ -91,6 +100,7 @@ class Generation:
     kind: str                                   # "rag" or "plain" (metrics)
     started: float = field(default_factory=time.monotonic)
     first_token_s: float | None = None
+    warnings: list[str] = field(default_factory=list)    # the orchestrator's, as they came (response headers)
     _pending: list[str | Finish] = field(default_factory=list)
     _events: AsyncIterator[str | Finish] | None = None
 
@@ -103,6 +113,8 @@ class Generation:
                     if self.first_token_s is None:
                         self.first_token_s = time.monotonic() - self.started
                     yield event.token.text
+                elif kind == "warning":
+                    self.warnings.append(event.warning)
                 elif kind == "done":
                     yield self.to_finish(event.done)
                     return
@@ -140,7 +152,7 @@ async def start_generation(upstream: Upstream, request: GenerationRequest, reque
         retrieval = request.retrieval
         ask = orchestrator_pb2.AskRequest(
             question=question, request_id=request_id, sampling=sampling, max_tokens=sampling.max_tokens,
-            retriever=RETRIEVER_CHOICES[retrieval.retriever] if retrieval else 0,
+            retriever=retriever_choice(retrieval),
             collection=retrieval.collection if retrieval else "", top_k=(retrieval.top_k or 0) if retrieval else 0)
         call = upstream.orchestrator.Ask(ask, timeout=REQUEST_TIMEOUT_S, metadata=upstream.metadata)
         return Generation(call, _ask_finish, "rag")

@@ -5,6 +5,9 @@ then `data: [DONE]`). The HTTP status is decided at the first token: an error be
 HTTP error with the error body; an error after it is a last `data: {"error": ...}` event. The
 chunk that carries `finish_reason` also carries `streamrag` on the RAG path; with
 `stream_options.include_usage` one more chunk with empty `choices` carries `usage`.
+The orchestrator's warnings about the context (`streamrag.warnings`: a retriever that could not
+serve, the crawler asked in its place, no sources and why) also go out as `X-Streamrag-Warning`
+headers, one a warning: the headers leave with the first token, after retrieval has ended.
 
 A client that goes away cancels the gRPC call: while waiting for the first token or for a
 non-streamed answer (`until_disconnected` listens for `http.disconnect`), and mid-stream
@@ -32,6 +35,7 @@ from gateway.protocol import GenerationRequest
 T = TypeVar("T")
 ChoiceFn = Callable[[str, "str | None"], dict[str, Any]]
 CLIENT_CLOSED = 499          # nginx's status for "the client closed the request" (only metrics see it)
+WARNING_HEADER = "X-Streamrag-Warning"
 
 
 @dataclass(frozen=True)
@@ -92,14 +96,22 @@ async def respond(request: Request, body: GenerationRequest, shape: Shape,
             request.app.state.metrics.ttft.labels(shape.route, generation.kind).observe(time.monotonic() - arrived)
         if body.stream:
             streaming = True            # from here the event generator owns the call
-            return EventSourceResponse(_events(shape, request_id, body, generation), sep="\n")
+            return with_warnings(EventSourceResponse(_events(shape, request_id, body, generation), sep="\n"),
+                                 generation.warnings)
         text, finish = await until_disconnected(request, _collect(generation))
-        return JSONResponse(_full_body(shape, request_id, body.model, text, finish))
+        return with_warnings(JSONResponse(_full_body(shape, request_id, body.model, text, finish)), generation.warnings)
     except ClientGone:
         return Response(status_code=CLIENT_CLOSED)
     finally:
         if not streaming:
             generation.cancel()            # a no-op once the call has ended
+
+
+def with_warnings(response: Response, warnings: list[str]) -> Response:
+    """`response` with one `X-Streamrag-Warning` header a warning (on one line, in ASCII: what a header carries)."""
+    for warning in warnings:
+        response.headers.append(WARNING_HEADER, " ".join(warning.split()).encode("ascii", "replace").decode())
+    return response
 
 
 def _full_body(shape: Shape, request_id: str, model: str, text: str, finish: Finish) -> dict[str, Any]:

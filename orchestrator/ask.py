@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 
 import grpc
 
+from orchestrator.context_warnings import ContextWarnings
 from orchestrator.documents import MergedDocuments
 from orchestrator.failures import (
     ask_fails_over,
@@ -69,6 +70,7 @@ class AskSettings:
     sampling: common_pb2.SamplingParams
     retriever_options: dict[str, str]
     collection: str = ""              # the ANNS collection ("" = the retriever's default)
+    requested: int = 0                # the retriever choice as asked (0: left to the default)
 
 
 def validate_ask(request: orchestrator_pb2.AskRequest, available: set[str]) -> AskSettings:
@@ -102,7 +104,8 @@ def validate_ask(request: orchestrator_pb2.AskRequest, available: set[str]) -> A
     if request.collection and "anns" not in retrievers:
         raise BadAsk(f"collection {request.collection!r} applies to the anns retriever; ask with it (or both)")
     return AskSettings(request_id, question, choice, retrievers, not request.no_stream, top_k, deadline_ms / 1000,
-                       sampling, dict(request.retriever_options), request.collection)
+                       sampling, dict(request.retriever_options), request.collection,
+                       requested=request.retriever)
 
 
 @dataclass
@@ -175,6 +178,7 @@ class AskPipeline:
         self.replica = None
         self.session: InferenceSession | None = None
         self.tasks: list[asyncio.Task] = []
+        self.warnings = ContextWarnings(settings.request_id, store, self.out)   # context_warnings.py
 
     # --- the caller's view ------------------------------------------------------------
     async def run(self) -> AsyncIterator[orchestrator_pb2.AskEvent]:
@@ -182,6 +186,7 @@ class AskPipeline:
         chat = await self._choose_replica()
         await self.store.create(s.request_id, s.question, retriever=",".join(s.retrievers) or "none",
                                 streamed=s.streamed, replica=self.replica.address)
+        s = self.s = await self.warnings.plan(s, self.retriever_stubs)
         yield orchestrator_pb2.AskEvent(started=orchestrator_pb2.AskStarted(
             request_id=s.request_id, replica=self.replica.address, retriever=s.choice, streamed=s.streamed))
         retrieval: asyncio.Queue = asyncio.Queue()
@@ -302,6 +307,7 @@ class AskPipeline:
         log.warning("%s: retriever %s failed: %s", self.s.request_id, name, detail)
         await self.store.event(self.s.request_id, "ERROR", source=name, detail=detail)
         await self.out.put(_lifecycle(common_pb2.LIFECYCLE_EVENT_KIND_ERROR, f"retriever {name}: {detail}"))
+        await self.warnings.retriever_failed(name, detail)
 
     async def _retrieved(self, retrieval: asyncio.Queue):
         """Yield (source, chunk) until every retriever is done or the deadline passes."""
@@ -312,11 +318,13 @@ class AskPipeline:
                 name, chunk = await asyncio.wait_for(retrieval.get(), max(0.0, deadline - time.monotonic()))
             except TimeoutError:
                 await self.store.event(self.s.request_id, "ERROR", detail="retrieval deadline passed")
+                await self.warnings.deadline_passed(self.s.deadline_s, pending)
                 break
             if chunk is None:
                 pending.discard(name)
                 continue
             yield name, chunk
+        await self.warnings.retrieval_ended(self.s.retrievers, len(self.docs.all))
         self.timeline.retrieval_end = time.monotonic()
 
     async def _note_chunk(self, name: str, chunk: retriever_pb2.ContextChunk) -> None:
@@ -433,7 +441,8 @@ class AskPipeline:
         return orchestrator_pb2.AskEvent(done=orchestrator_pb2.AskDone(
             answer=done.text, sources=sources, ttft_from_question_s=ttft_q, ttft_from_retrieval_end_s=ttft_r,
             request_id=self.s.request_id, stats=done.stats, finish_reason=done.finish_reason,
-            replica=self.replica.address, retrieval_s=end - t.started, total_s=total))
+            replica=self.replica.address, retrieval_s=end - t.started, total_s=total,
+            warnings=self.warnings.all))
 
 
 def _lifecycle(kind: int, detail: str) -> orchestrator_pb2.AskEvent:

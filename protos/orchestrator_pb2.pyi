@@ -81,18 +81,20 @@ class AskResponse(_message.Message):
     def __init__(self, event: _Optional[_Union[AskEvent, _Mapping]] = ...) -> None: ...
 
 class AskEvent(_message.Message):
-    __slots__ = ("started", "retrieval", "lifecycle", "token", "done")
+    __slots__ = ("started", "retrieval", "lifecycle", "token", "done", "warning")
     STARTED_FIELD_NUMBER: _ClassVar[int]
     RETRIEVAL_FIELD_NUMBER: _ClassVar[int]
     LIFECYCLE_FIELD_NUMBER: _ClassVar[int]
     TOKEN_FIELD_NUMBER: _ClassVar[int]
     DONE_FIELD_NUMBER: _ClassVar[int]
+    WARNING_FIELD_NUMBER: _ClassVar[int]
     started: AskStarted
     retrieval: RetrievalProgress
     lifecycle: _common_pb2.LifecycleEvent
     token: _common_pb2.GeneratedToken
     done: AskDone
-    def __init__(self, started: _Optional[_Union[AskStarted, _Mapping]] = ..., retrieval: _Optional[_Union[RetrievalProgress, _Mapping]] = ..., lifecycle: _Optional[_Union[_common_pb2.LifecycleEvent, _Mapping]] = ..., token: _Optional[_Union[_common_pb2.GeneratedToken, _Mapping]] = ..., done: _Optional[_Union[AskDone, _Mapping]] = ...) -> None: ...
+    warning: str
+    def __init__(self, started: _Optional[_Union[AskStarted, _Mapping]] = ..., retrieval: _Optional[_Union[RetrievalProgress, _Mapping]] = ..., lifecycle: _Optional[_Union[_common_pb2.LifecycleEvent, _Mapping]] = ..., token: _Optional[_Union[_common_pb2.GeneratedToken, _Mapping]] = ..., done: _Optional[_Union[AskDone, _Mapping]] = ..., warning: _Optional[str] = ...) -> None: ...
 
 class AskStarted(_message.Message):
     __slots__ = ("request_id", "replica", "retriever", "streamed")
@@ -125,7 +127,7 @@ class RetrievalProgress(_message.Message):
     def __init__(self, seq: _Optional[int] = ..., mode: _Optional[_Union[_retriever_pb2.ChunkMode, str]] = ..., documents: _Optional[_Iterable[_Union[_common_pb2.Document, _Mapping]]] = ..., num_documents: _Optional[int] = ..., final: _Optional[bool] = ..., source: _Optional[str] = ..., elapsed_s: _Optional[float] = ...) -> None: ...
 
 class AskDone(_message.Message):
-    __slots__ = ("answer", "sources", "ttft_from_question_s", "ttft_from_retrieval_end_s", "request_id", "stats", "finish_reason", "replica", "retrieval_s", "total_s")
+    __slots__ = ("answer", "sources", "ttft_from_question_s", "ttft_from_retrieval_end_s", "request_id", "stats", "finish_reason", "replica", "retrieval_s", "total_s", "warnings")
     ANSWER_FIELD_NUMBER: _ClassVar[int]
     SOURCES_FIELD_NUMBER: _ClassVar[int]
     TTFT_FROM_QUESTION_S_FIELD_NUMBER: _ClassVar[int]
@@ -136,6 +138,7 @@ class AskDone(_message.Message):
     REPLICA_FIELD_NUMBER: _ClassVar[int]
     RETRIEVAL_S_FIELD_NUMBER: _ClassVar[int]
     TOTAL_S_FIELD_NUMBER: _ClassVar[int]
+    WARNINGS_FIELD_NUMBER: _ClassVar[int]
     answer: str
     sources: _containers.RepeatedCompositeFieldContainer[_common_pb2.Document]
     ttft_from_question_s: float
@@ -146,7 +149,8 @@ class AskDone(_message.Message):
     replica: str
     retrieval_s: float
     total_s: float
-    def __init__(self, answer: _Optional[str] = ..., sources: _Optional[_Iterable[_Union[_common_pb2.Document, _Mapping]]] = ..., ttft_from_question_s: _Optional[float] = ..., ttft_from_retrieval_end_s: _Optional[float] = ..., request_id: _Optional[str] = ..., stats: _Optional[_Union[_common_pb2.RequestStats, _Mapping]] = ..., finish_reason: _Optional[_Union[_common_pb2.FinishReason, str]] = ..., replica: _Optional[str] = ..., retrieval_s: _Optional[float] = ..., total_s: _Optional[float] = ...) -> None: ...
+    warnings: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, answer: _Optional[str] = ..., sources: _Optional[_Iterable[_Union[_common_pb2.Document, _Mapping]]] = ..., ttft_from_question_s: _Optional[float] = ..., ttft_from_retrieval_end_s: _Optional[float] = ..., request_id: _Optional[str] = ..., stats: _Optional[_Union[_common_pb2.RequestStats, _Mapping]] = ..., finish_reason: _Optional[_Union[_common_pb2.FinishReason, str]] = ..., replica: _Optional[str] = ..., retrieval_s: _Optional[float] = ..., total_s: _Optional[float] = ..., warnings: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class GetRequestRequest(_message.Message):
     __slots__ = ("request_id",)

@@ -34,7 +34,8 @@ CHOICES = {"anns": orchestrator_pb2.RETRIEVER_CHOICE_ANNS, "crawler": orchestrat
 
 def add_ask_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("question")
-    parser.add_argument("--retriever", choices=list(CHOICES), default="anns")
+    parser.add_argument("--retriever", choices=list(CHOICES), default=None,
+                        help="default: the orchestrator's (anns; the crawler, with a warning, while anns cannot serve)")
     parser.add_argument("--no-stream", action="store_true", help="the baseline: prompt sent once retrieval ends")
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--speculation", type=speculation_arg, default=DEFAULT_SPECULATION,
@@ -113,7 +114,7 @@ class StatusLine:
 
 
 def run_ask(args: argparse.Namespace) -> int:
-    request = orchestrator_pb2.AskRequest(question=args.question, retriever=CHOICES[args.retriever],
+    request = orchestrator_pb2.AskRequest(question=args.question, retriever=CHOICES.get(args.retriever, 0),
                                           no_stream=args.no_stream, max_tokens=args.max_tokens, top_k=args.top_k,
                                           retrieval_deadline_ms=args.deadline_ms, collection=args.collection,
                                           sampling=common_pb2.SamplingParams(
@@ -136,9 +137,9 @@ def run_ask(args: argparse.Namespace) -> int:
                     chunks += 1
                     status.show(f"[{time.monotonic() - started:5.1f}s] retrieval: {chunks} chunks from "
                                 f"{event.retrieval.source}, {event.retrieval.num_documents} documents")
-                elif kind == "lifecycle" and event.lifecycle.kind == common_pb2.LIFECYCLE_EVENT_KIND_ERROR:
+                elif kind == "warning":     # the orchestrator says what the context lacks (context_warnings.py)
                     status.clear()
-                    print(f"warning: {event.lifecycle.detail}", file=sys.stderr, flush=True)
+                    print(f"warning: {event.warning}", file=sys.stderr, flush=True)
                 elif kind == "lifecycle" and not answer_started:
                     name = common_pb2.LifecycleEventKind.Name(event.lifecycle.kind).removeprefix(
                         "LIFECYCLE_EVENT_KIND_")
@@ -171,6 +172,7 @@ def run_ask(args: argparse.Namespace) -> int:
             "kv_reuse": done.stats.kv_reuse or "exact", "blend_reused_tokens": done.stats.blend_reused_tokens,
             "blend_recomputed_tokens": done.stats.blend_recomputed_tokens,
             "chunk_cache_hits": done.stats.chunk_cache_hits, "chunk_cache_lookups": done.stats.chunk_cache_lookups,
+            "warnings": list(done.warnings),
         }))
         return 0
     print("\n\nSources:")
