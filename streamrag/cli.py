@@ -72,6 +72,9 @@ COMMANDS = (
             "load_tests.trace_synth:add_trace_stats_args", "load_tests.trace_synth:run_trace_stats"),
     Command("profile", "measure recompute and swap latency for the cost model",
             "inference_svc.profiling:add_profile_args", "inference_svc.profiling:run_profile"),
+    Command("bench gpu", "the engine on one GPU: paged-attention kernels, CUDA graphs, decode against the memory "
+            "roofline, prefill MFU, streaming TTFT, launches and syncs per step (--device cpu --small: dry run)",
+            "load_tests.gpu_bench:add_bench_gpu_args", "load_tests.gpu_bench:run_bench_gpu"),
     Command("bench engine", "prefill tokens/s vs transformers; scheduler overhead",
             "load_tests.engine_bench:add_bench_engine_args", "load_tests.engine_bench:run_engine_bench"),
     Command("bench decode", "decode tokens/s with speculative decoding off, fixed depths, auto",

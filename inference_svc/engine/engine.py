@@ -45,6 +45,7 @@ from inference_svc.engine.options import (
 from inference_svc.engine.output_text import OutputText
 from inference_svc.engine.policies import make_policy
 from inference_svc.engine.request import FinishReason, Request, RequestState, SchedClass, Segment
+from inference_svc.engine.device_calls import count_device_calls
 from inference_svc.engine.sampler import Sampler, SamplingParams, make_generator
 from inference_svc.engine.scheduler import (
     BlockMove,
@@ -118,6 +119,8 @@ class EngineConfig:
     blend_recompute: float = DEFAULT_BLEND_RECOMPUTE
     chunk_device_blocks: int | None = None
     chunk_store_fill: str = DEFAULT_CHUNK_STORE_FILL   # options.CHUNK_STORE_FILL_CHOICES
+    # measure each step's kernel launches and host syncs into StepStats (device_calls.py; slow: benchmarks)
+    count_device_calls: bool = False
 
 
 @dataclass
@@ -149,6 +152,8 @@ class StepStats:
     budget: int = 0                     # the step's token budget (below the configured one when bounded in time)
     ms: float = 0.0                     # the step's wall time: scheduling, KV moves, forward pass, sampling
     predicted_ms: float | None = None   # what the step-time model predicted for it (steps bounded in time)
+    launches: int | None = None         # kernel and graph launches of the forward and sampling (counted on CUDA
+    host_syncs: int | None = None       # with EngineConfig.count_device_calls) and waits for the device
 
     @property
     def draft_tokens(self) -> int:
@@ -332,14 +337,21 @@ class Engine:
             self.cost_model.observe_swap(blocks, (time.perf_counter() - started) * 1e3)
         decode_tokens = sum(c.num_tokens for c in out.chunks if c.request.is_decoding)   # before tokens are taken
         chunks = [(c.start, c.num_tokens) for c in out.chunks]   # before _run moves the computed counts
-        emitted = self._run(out) if out.chunks else 0
+        calls = None
+        if not out.chunks:
+            emitted = 0
+        elif self.config.count_device_calls:
+            emitted, calls = count_device_calls(lambda: self._run(out), self.runner.device)
+        else:
+            emitted = self._run(out)
         step_ms = (time.perf_counter() - step_started) * 1e3
         predicted = None
         if self.step_budget is not None and decode_tokens < out.num_tokens:   # refit from steps that prefilled
             predicted = self.step_budget.observe(chunks, step_ms)
         self.last_step = StepStats(tokens=out.num_tokens, depths=tuple(len(c.draft) for c in out.chunks if c.draft),
                                    decode_tokens=decode_tokens, emitted=emitted, budget=self.scheduler.token_budget,
-                                   ms=step_ms, predicted_ms=predicted)
+                                   ms=step_ms, predicted_ms=predicted,
+                                   launches=calls and calls.launches, host_syncs=calls and calls.host_syncs)
         self.counters.steps += 1
         if self.step_log is not None and out.chunks:
             self._log_step(started_wall, (time.perf_counter() - started) * 1e3, out)
@@ -369,7 +381,11 @@ class Engine:
                                      1 + len(chunk.draft), chunk.reuse))
         started = time.perf_counter()
         logits = self.runner.execute(inputs)
-        if all(not chunk.request.is_decoding for chunk in out.chunks):
+        # The prefill cost is observed once the forward is done: at once on a CPU, where it runs
+        # synchronously; on a GPU only in a step that sampled (its one copy to the host waits for it).
+        prefill_only = all(not chunk.request.is_decoding for chunk in out.chunks)
+        synchronous = self.runner.device.type != "cuda"
+        if prefill_only and synchronous:
             self.cost_model.observe_prefill(out.num_tokens, (time.perf_counter() - started) * 1e3)
         plain: list[tuple[ScheduledChunk, torch.Tensor]] = []     # one logits row each
         verifying: list[tuple[ScheduledChunk, torch.Tensor]] = []  # a row per drafted position
@@ -382,6 +398,8 @@ class Engine:
         tokens = self.sampler.sample(torch.cat([rows for _, rows in plain]),
                                      [c.request.sampling for c, _ in plain],
                                      [self._generators[c.request.request_id] for c, _ in plain]) if plain else []
+        if prefill_only and not synchronous and plain:
+            self.cost_model.observe_prefill(out.num_tokens, (time.perf_counter() - started) * 1e3)
         emitted = {id(chunk): [token] for (chunk, _), token in zip(plain, tokens, strict=True)}
         self._note_confidence(plain)
         for chunk, rows in verifying:

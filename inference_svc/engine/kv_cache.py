@@ -90,7 +90,12 @@ class KVCache:
             return
         src, dst = self._pairs(pairs, self.num_device_blocks, self.num_cpu_blocks, ("device", "cpu"))
         blocks = self.device_pool.index_select(2, src.to(self.device))
-        self.cpu_pool.index_copy_(2, dst, blocks.cpu())
+        if self.device.type == "cuda":   # through pinned memory: one DMA copy, then the host pool's scatter
+            staging = torch.empty(blocks.shape, dtype=blocks.dtype, pin_memory=True)
+            blocks = staging.copy_(blocks)
+        else:
+            blocks = blocks.cpu()
+        self.cpu_pool.index_copy_(2, dst, blocks)
 
     @torch.inference_mode()
     def swap_in(self, pairs: Sequence[tuple[int, int]]) -> None:

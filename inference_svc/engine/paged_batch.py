@@ -24,6 +24,12 @@ FIELDS = ("input_ids", "positions", "slot_mapping", "logit_rows",
           "seq_q_start", "seq_q_len", "seq_ctx_start", "tile_seq", "tile_off", "block_tables")
 
 
+def _aligned(size: int) -> int:
+    """Every field starts 16 bytes in (two int64s): Triton specializes kernels on a pointer's alignment,
+    and fields at varying alignments would compile a variant per alignment."""
+    return size + size % 2
+
+
 @dataclass(frozen=True)
 class Layout:
     """Sizes of a batch buffer: tokens, sequences, query tiles, block-table width and logit rows."""
@@ -41,13 +47,13 @@ class Layout:
 
     @property
     def numel(self) -> int:
-        return sum(self.sizes().values())
+        return sum(_aligned(size) for size in self.sizes().values())
 
     def views(self, buffer: torch.Tensor) -> dict[str, torch.Tensor]:
         out, at = {}, 0
         for name, size in self.sizes().items():
             out[name] = buffer[at:at + size]
-            at += size
+            at += _aligned(size)
         out["block_tables"] = out["block_tables"].view(self.seqs, self.width)
         return out
 

@@ -74,7 +74,7 @@ def _store_kv_kernel(k_ptr, v_ptr, k_cache_ptr, v_cache_ptr, slot_ptr,
         tl.store(v_cache_ptr + slot * stride_cs + h * stride_ch + d, v, mask=ok)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["stride_bt"])   # the table's width changes per step: one variant for all
 def _paged_attention_kernel(
     q_ptr, k_cache_ptr, v_cache_ptr, out_ptr,
     block_table_ptr, seq_q_start_ptr, seq_q_len_ptr, seq_ctx_start_ptr, tile_seq_ptr, tile_off_ptr,
@@ -132,6 +132,15 @@ def _paged_attention_kernel(
     out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
     tl.store(out_ptr + (q_start + tok)[:, None] * stride_ot + head[:, None] * stride_oh + d[None, :],
              out.to(out_ptr.dtype.element_ty), mask=row_ok[:, None])
+
+
+def compiled_variants() -> int:
+    """How many variants of the kernels Triton has compiled in this process (a new length must add none)."""
+    total = 0
+    for kernel in (_store_kv_kernel, _paged_attention_kernel):
+        for entry in getattr(kernel, "device_caches", {}).values():
+            total += len(entry[0]) if isinstance(entry, tuple) else len(entry)
+    return total
 
 
 def store_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,

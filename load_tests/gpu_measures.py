@@ -1,0 +1,308 @@
+"""What `streamrag bench gpu` measures, one function per figure (gpu_bench.py runs them and reports).
+
+Every engine here has random weights of a named shape (models/llama.py `random_llama_config`): no
+weights travel to the GPU machine, and speed does not depend on their values. Prompts are random
+token ids, so the engines need no tokenizer.
+"""
+
+from __future__ import annotations
+
+import random
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from inference_svc.engine.engine import Engine, EngineConfig
+from inference_svc.engine.events import EventKind
+from inference_svc.engine.model_runner import ChunkInput, ModelRunner
+from inference_svc.engine.models import ModelConfig, random_llama_config  # noqa: F401 - gpu_bench uses it
+from inference_svc.engine.request import Segment
+from inference_svc.engine.sampler import SamplingParams
+from inference_svc.engine.tokenization import SegmentTokenizer
+
+BLOCK = 16
+
+
+class _IdsOnly:
+    """The engines here are given token ids only."""
+
+    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
+        raise ValueError("bench gpu prompts are token ids")
+
+    def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
+        return ""
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def timed_ms(fn: Callable[[], object], device: torch.device, repeats: int = 3) -> float:
+    """Best of ``repeats`` wall times of ``fn`` (after one warm-up run), the device's work included."""
+    fn()
+    best = float("inf")
+    for _ in range(repeats):
+        sync(device)
+        start = time.perf_counter()
+        fn()
+        sync(device)
+        best = min(best, (time.perf_counter() - start) * 1e3)
+    return best
+
+
+def ids(rng: random.Random, n: int, vocab: int) -> tuple[int, ...]:
+    return tuple(rng.randrange(3, vocab) for _ in range(n))
+
+
+@dataclass
+class EngineSetup:
+    config: ModelConfig
+    device: torch.device
+    dtype: torch.dtype
+    attention: str = "auto"
+    seed: int = 0
+
+    def runner(self, blocks: int, cpu_blocks: int = 0) -> ModelRunner:
+        return ModelRunner(self.config, device=self.device, dtype=self.dtype, block_size=BLOCK,
+                           num_device_blocks=blocks, num_cpu_blocks=cpu_blocks, seed=self.seed,
+                           attention=self.attention)
+
+    def engine(self, blocks: int, *, runner: ModelRunner | None = None, cpu_blocks: int = 0, **config) -> Engine:
+        runner = runner or self.runner(blocks, cpu_blocks)
+        return Engine(runner, SegmentTokenizer(_IdsOnly()),
+                      EngineConfig(num_device_blocks=blocks, num_cpu_blocks=cpu_blocks, block_size=BLOCK, **config))
+
+
+def run_until_done(engine: Engine, events: list | None = None, max_steps: int = 100_000) -> list:
+    events = [] if events is None else events
+    for _ in range(max_steps):
+        if not engine.has_unfinished():
+            return events
+        events += engine.step()
+    raise RuntimeError("the engine did not finish")
+
+
+def tokens_of(events: list, request_id: str) -> list[int]:
+    return [e.token_id for e in events if e.request_id == request_id and e.kind is EventKind.TOKEN]
+
+
+# --- the machine ---------------------------------------------------------------------------
+
+def matmul_tflops(device: torch.device, n: int) -> float:
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    a, b = torch.randn(n, n, device=device, dtype=dtype), torch.randn(n, n, device=device, dtype=dtype)
+    return 2 * n ** 3 / timed_ms(lambda: a @ b, device, repeats=5) / 1e9
+
+
+def copy_tb_s(device: torch.device, mib: int) -> float:
+    """A device-to-device copy's bytes read plus written, per second."""
+    src = torch.empty(mib << 20, dtype=torch.uint8, device=device)
+    dst = torch.empty_like(src)
+    return 2 * src.numel() / timed_ms(lambda: dst.copy_(src), device, repeats=5) / 1e9
+
+
+# --- exactness -----------------------------------------------------------------------------
+
+def exactness(setup: EngineSetup, *, doc_tokens: int, max_tokens: int = 12) -> dict:
+    """Streamed appends, a replaced middle document and preemption (recompute, swap) against one-shot
+    Generate, in fp32: the tokens must be equal; and the last logits of a prompt prefilled in chunks by
+    this runner against one shot through the SDPA path (the CPU reference), same weights."""
+    rng = random.Random(setup.seed)
+    vocab = setup.config.vocab_size
+    head = [Segment(token_ids=ids(rng, 2 * doc_tokens, vocab))]
+    docs = [Segment(token_ids=ids(rng, doc_tokens, vocab), key=f"d{i}") for i in range(3)]
+    other = Segment(token_ids=ids(rng, doc_tokens, vocab), key="other")
+    suffix = [Segment(token_ids=ids(rng, 8, vocab))]
+    params = SamplingParams(max_tokens=max_tokens, ignore_eos=True)
+    runner = setup.runner(64, 64)
+
+    def engine(**config) -> Engine:
+        for pool in (runner.kv_cache.device_pool, runner.kv_cache.cpu_pool):
+            pool.zero_()
+        return setup.engine(config.pop("blocks", 64), runner=runner, cpu_blocks=64, **config)
+
+    ref = engine(token_budget=4096)
+    ref.open("ref", head + docs, params)
+    ref.finish("ref", suffix)
+    reference = tokens_of(run_until_done(ref), "ref")
+
+    results = {}
+    appends = engine(token_budget=doc_tokens)
+    appends.open("s", head, params)
+    events: list = []
+    for doc in docs:
+        appends.append("s", [doc])
+        events += appends.step()
+    appends.finish("s", suffix)
+    results["appends"] = tokens_of(run_until_done(appends, events), "s") == reference
+
+    update = engine(token_budget=doc_tokens)
+    update.open("u", head, params)
+    update.update("u", [docs[0], other, docs[2]])
+    events = []
+    for _ in range(3):
+        events += update.step()
+    update.update("u", docs)
+    update.finish("u", suffix)
+    results["update"] = tokens_of(run_until_done(update, events), "u") == reference
+
+    total_blocks = -(-(4 * doc_tokens + 8 + max_tokens) // BLOCK)
+    for eviction in ("recompute", "swap"):
+        # three identical streams, no prefix sharing, in a pool that holds about two of them
+        preempt = engine(blocks=2 * total_blocks + 1, token_budget=doc_tokens, eviction=eviction, policy="lcas",
+                         enable_prefix_cache=False)
+        events = []
+        for i in range(3):
+            preempt.open(f"p{i}", head, params)
+        for doc in docs:
+            for i in range(3):
+                preempt.append(f"p{i}", [doc])
+                events += preempt.step()
+        for i in range(3):
+            preempt.finish(f"p{i}", suffix)
+        run_until_done(preempt, events)
+        counters = preempt.counters
+        moved = counters.preemptions_recompute if eviction == "recompute" else counters.preemptions_swap
+        results[eviction] = moved > 0 and all(tokens_of(events, f"p{i}") == reference for i in range(3))
+        results[f"{eviction}_preemptions"] = moved
+
+    prompt = [t for s in head + docs + suffix for t in s.token_ids]
+    chunked = _last_logits(runner, prompt, doc_tokens)
+    sdpa = EngineSetup(setup.config, setup.device, setup.dtype, attention="sdpa", seed=setup.seed).runner(64)
+    one_shot = _last_logits(sdpa, prompt, len(prompt))
+    results["max_logit_diff"] = float((chunked - one_shot).abs().max())
+    results["reference_tokens"] = len(reference)
+    return results
+
+
+def _last_logits(runner: ModelRunner, prompt: list[int], chunk: int) -> torch.Tensor:
+    table = list(range(-(-len(prompt) // BLOCK)))
+    logits = None
+    for start in range(0, len(prompt), chunk):
+        piece = prompt[start:start + chunk]
+        logits = runner.execute([ChunkInput(piece, start, table, start + len(piece) == len(prompt))])
+    return logits[0].float().cpu()
+
+
+# --- prefill -------------------------------------------------------------------------------
+
+def model_flops(config: ModelConfig, tokens: int) -> float:
+    """Forward FLOPs of a causal prefill of ``tokens``: the layers' matmuls plus attention (the LM head on
+    the last token only, as generate does)."""
+    h, kv, d = config.num_heads, config.num_kv_heads, config.head_dim
+    per_layer = config.hidden_size * (h * d + 2 * kv * d) + h * d * config.hidden_size \
+        + 3 * config.hidden_size * config.intermediate_size
+    return 2 * config.num_layers * per_layer * tokens + 2 * config.num_layers * h * d * tokens * tokens
+
+
+def prefill_ms(runner: ModelRunner, tokens: int, chunk: int | None, rng: random.Random) -> float:
+    prompt = list(ids(rng, tokens, runner.config.vocab_size))
+    table = list(range(-(-tokens // BLOCK)))
+    step = chunk or tokens
+
+    def run() -> None:
+        for start in range(0, tokens, step):
+            piece = prompt[start:start + step]
+            runner.execute([ChunkInput(piece, start, table, start + len(piece) == tokens)])
+
+    return timed_ms(run, runner.device, repeats=2)
+
+
+def transformers_model(config: ModelConfig, device: torch.device, dtype: torch.dtype):
+    """transformers' own Llama of the same shape, random weights (the baseline a user would reach for)."""
+    from transformers import LlamaForCausalLM
+
+    default = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        with torch.device(device):   # built and initialised in place (its own random init), buffers included
+            model = LlamaForCausalLM(config.hf_config)
+    finally:
+        torch.set_default_dtype(default)
+    return model.eval().requires_grad_(False)
+
+
+def transformers_prefill_ms(model, tokens: int, device: torch.device, rng: random.Random) -> float:
+    prompt = torch.tensor([ids(rng, tokens, model.config.vocab_size)], device=device)
+    with torch.inference_mode():
+        return timed_ms(lambda: model(prompt, logits_to_keep=1), device, repeats=2)
+
+
+# --- decode --------------------------------------------------------------------------------
+
+def decode_steps(engine: Engine, prompts: list[tuple[int, ...]], steps: int, tag: str) -> list[float]:
+    """Open ``prompts``, prefill them, then time ``steps`` decode steps of them all (ms each)."""
+    params = SamplingParams(max_tokens=steps + 2, ignore_eos=True)
+    for i, prompt in enumerate(prompts):
+        engine.open(f"{tag}{i}", [Segment(token_ids=prompt)], params)
+        engine.finish(f"{tag}{i}")
+    while any(not engine.requests[f"{tag}{i}"].is_decoding for i in range(len(prompts))):
+        engine.step()
+    engine.step()   # the first decode step of all together
+    times = []
+    for _ in range(steps):
+        start = time.perf_counter()
+        engine.step()
+        times.append((time.perf_counter() - start) * 1e3)
+        if engine.last_step.decode_tokens != len(prompts):
+            raise RuntimeError(f"a decode step ran {engine.last_step.decode_tokens} of {len(prompts)} decodes")
+    for i in range(len(prompts)):
+        engine.abort(f"{tag}{i}")
+        engine.release(f"{tag}{i}")
+    return times
+
+
+def transformers_decode_ms(model, batch: int, context: int, steps: int, device: torch.device,
+                           rng: random.Random) -> float:
+    """Per-token time of transformers' ``generate`` (greedy): (``steps`` + 1 tokens - 1 token) / ``steps``."""
+    prompt = torch.tensor([ids(rng, context, model.config.vocab_size) for _ in range(batch)], device=device)
+
+    def gen(n: int) -> None:
+        model.generate(prompt, max_new_tokens=n, min_new_tokens=n, do_sample=False, pad_token_id=0)
+
+    with torch.inference_mode():
+        return (timed_ms(lambda: gen(steps + 1), device, 1) - timed_ms(lambda: gen(1), device, 1)) / steps
+
+
+# --- streaming -----------------------------------------------------------------------------
+
+def ttft_after_last_doc(engine: Engine, head: tuple[int, ...], docs: list[tuple[int, ...]], gap_ms: float,
+                        streamed: bool, tag: str) -> float:
+    """ms from the last document's arrival to the first token; documents arrive every ``gap_ms``."""
+    params = SamplingParams(max_tokens=1, ignore_eos=True)
+    start = time.perf_counter()
+    arrivals = [start + (i + 1) * gap_ms / 1e3 for i in range(len(docs))]
+    if streamed:
+        engine.open(tag, [Segment(token_ids=head)], params)
+    sent = 0
+    while sent < len(docs):
+        now = time.perf_counter()
+        while sent < len(docs) and arrivals[sent] <= now:
+            if streamed:
+                engine.append(tag, [Segment(token_ids=docs[sent])])
+            sent += 1
+        if sent == len(docs):
+            break
+        if streamed and engine.has_work():
+            engine.step()
+        else:
+            time.sleep(max(0.0, min(arrivals[sent] - time.perf_counter(), 0.002)))
+    if not streamed:
+        engine.open(tag, [Segment(token_ids=head)] + [Segment(token_ids=d) for d in docs], params)
+    engine.finish(tag, [Segment(token_ids=(5, 6, 7, 8))])
+    last = arrivals[-1]
+    while True:
+        for event in engine.step():
+            if event.request_id == tag and event.kind is EventKind.TOKEN:
+                ttft = (time.perf_counter() - last) * 1e3
+                run_until_done(engine)
+                engine.release(tag)
+                return ttft
+
+
+def median_and_spread(values: list[float]) -> tuple[float, float, float]:
+    return statistics.median(values), min(values), max(values)

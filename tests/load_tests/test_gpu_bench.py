@@ -1,0 +1,31 @@
+"""`streamrag bench gpu --device cpu --small`: the GPU check's dry run, the same steps on a tiny shape with
+the Triton kernels in Triton's interpreter. It must finish and write the keys other people's scripts read
+(design section 10), and the engine must be exact in fp32 through the kernels."""
+
+from __future__ import annotations
+
+import json
+
+from streamrag.cli import main
+
+
+def test_bench_gpu_dry_run_writes_the_contract_keys(tmp_path):
+    out = tmp_path / "gpu.json"
+    assert main(["bench", "gpu", "--device", "cpu", "--small", "--decode-steps", "2", "--json", str(out)]) == 0
+    result = json.loads(out.read_text())
+    for key in ("gpu", "hbm_tb_s", "matmul_tflops", "exact_fp32", "decode", "prefill", "streaming",
+                "host_syncs_per_step", "launches_per_step"):
+        assert key in result, key
+    assert result["exact_fp32"] is True, result["exactness"]
+    assert result["exactness"]["recompute_preemptions"] > 0 and result["exactness"]["swap_preemptions"] > 0
+    for row in result["decode"]:
+        assert {"concurrency", "fresh_step_ms", "repeated_step_ms", "roofline_fraction"} <= row.keys()
+    assert {(r["tokens"], r["chunk"]) for r in result["prefill"]} == {(128, None), (128, 32)}
+    assert all(r["mfu"] >= 0 for r in result["prefill"])
+    assert [r["gap_ms"] for r in result["streaming"]] == [100, 25]
+    assert result["launches_per_step"] is None   # nothing to count on a CPU
+
+
+def test_bench_gpu_refuses_a_full_run_on_the_cpu(capsys):
+    assert main(["bench", "gpu", "--device", "cpu"]) == 2
+    assert "--device cpu --small" in capsys.readouterr().err
