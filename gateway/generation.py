@@ -25,6 +25,7 @@ from gateway.errors import GatewayError, from_grpc
 from gateway.protocol import RAG_MODEL, GenerationRequest, RetrievalOptions, Sampling
 from gateway.upstream import Upstream
 from protos import common_pb2, inference_pb2, orchestrator_pb2
+from servicekit.ask_resume import ResumableAsk
 
 RETRIEVER_CHOICES = {"anns": orchestrator_pb2.RETRIEVER_CHOICE_ANNS,
                      "crawler": orchestrator_pb2.RETRIEVER_CHOICE_CRAWLER,
@@ -154,7 +155,9 @@ async def start_generation(upstream: Upstream, request: GenerationRequest, reque
             question=question, request_id=request_id, sampling=sampling, max_tokens=sampling.max_tokens,
             retriever=retriever_choice(retrieval),
             collection=retrieval.collection if retrieval else "", top_k=(retrieval.top_k or 0) if retrieval else 0)
-        call = upstream.orchestrator.Ask(ask, timeout=REQUEST_TIMEOUT_S, metadata=upstream.metadata)
+        # An orchestrator dying mid-answer: the Ask is re-issued to another as a resume (one answer).
+        call = ResumableAsk(lambda request: upstream.orchestrator.Ask(request, timeout=REQUEST_TIMEOUT_S,
+                                                                      metadata=upstream.metadata), ask)
         return Generation(call, _ask_finish, "rag")
     info = await upstream.model_info(request.model)
     generate = inference_pb2.GenerateRequest(request_id=request_id, segments=prompt(info.chat_format),

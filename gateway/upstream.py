@@ -9,16 +9,20 @@ replica list and no routing rule of its own.
 The served model's `Describe` (name, chat format) is asked once and cached. The gateway calls
 with its own API key (the first one it accepts) when it has keys, and dials with TLS when it
 has a CA (`servicekit.channels.open_channel`). With a plain call it also names the question to
-record (`streamrag-question-bin` metadata: the user's last message).
+record (`protos.metadata.QUESTION_KEY`: the user's last message).
 
-Every call on the channel waits for it to be ready (gRPC's `waitForReady`, set once in the
-channel's service config), within that call's own timeout: a request made while the orchestrator
-restarts, or just after (the channel in its reconnect back-off), waits instead of failing at once.
+The orchestrator address may name several orchestrators ("127.0.0.1:50051,127.0.0.1:50061", or
+a DNS name that resolves to each): the channel spreads calls over them with gRPC's own
+`round_robin` and health checking (`servicekit.channels.spread_options`), so a dead or stopped
+orchestrator gets no new call while another is up. Every call on the channel waits for one to be
+ready (gRPC's `waitForReady`), within that call's own timeout: a request made while the
+orchestrator restarts, or just after (the channel in its reconnect back-off), waits instead of
+failing at once. An Ask whose orchestrator dies mid-answer is re-issued as a resume
+(`servicekit.ask_resume`, in generation.py).
 """
 
 from __future__ import annotations
 
-import json
 import logging
 from dataclasses import dataclass
 
@@ -26,18 +30,16 @@ import grpc
 
 from gateway.errors import GatewayError, model_not_found
 from protos import inference_pb2, inference_pb2_grpc, orchestrator_pb2_grpc
+from protos.metadata import QUESTION_KEY
 from servicekit.auth import bearer_metadata
-from servicekit.channels import open_channel
+from servicekit.channels import open_channel, spread_options, spread_target
 from servicekit.tls import TlsFiles
 
 log = logging.getLogger(__name__)
 
 DESCRIBE_TIMEOUT_S = 2.0
-QUESTION_METADATA = "streamrag-question-bin"     # orchestrator/inference_proxy.py reads it
 # gRPC refuses metadata over 8 KiB (soft) / 16 KiB (hard): the question is cut to this many bytes.
 QUESTION_METADATA_BYTES = 1024
-# Every method (the empty name) waits for the channel to be ready, within the call's timeout.
-WAIT_FOR_READY = (("grpc.service_config", json.dumps({"methodConfig": [{"name": [{}], "waitForReady": True}]})),)
 
 
 @dataclass
@@ -50,7 +52,7 @@ class Upstream:
     info: inference_pb2.ModelInfo | None = None      # the served model's Describe, once it answered
 
     async def start(self) -> None:
-        self._channel = open_channel(self.orchestrator_address, self.tls, options=WAIT_FOR_READY)
+        self._channel = open_channel(spread_target(self.orchestrator_address), self.tls, options=spread_options())
         self.orchestrator = orchestrator_pb2_grpc.OrchestratorStub(self._channel)
         self.inference = inference_pb2_grpc.InferenceStub(self._channel)
 
@@ -65,7 +67,7 @@ class Upstream:
     def plain_metadata(self, question: str) -> tuple[tuple[str, str | bytes], ...]:
         """A plain call's metadata: the key and the question the lifecycle store records (its first KiB)."""
         text = question.encode("utf-8")[:QUESTION_METADATA_BYTES].decode("utf-8", "ignore").encode("utf-8")
-        return (*self.metadata, *(((QUESTION_METADATA, text),) if text else ()))
+        return (*self.metadata, *(((QUESTION_KEY, text),) if text else ()))
 
     async def describe(self) -> inference_pb2.ModelInfo | None:
         """The served model's ModelInfo (cached once it answered), None while no replica answers."""

@@ -9,7 +9,10 @@ Three tasks feed one output queue that `run()` drains: the retrievers (one task 
 relay (retrieval → inference), and the inference reader (inference → caller). A retriever
 that fails or stalls only ends its own contribution; an inference replica that fails before
 the first token is replaced once by another replica, which is sent the prompt so far (which
-statuses do what, and why: failures.py).
+statuses do what, and why: failures.py; the move: fail_over.py). Once the prompt is complete it
+is saved in the lifecycle store; a replica that fails after the first token is replaced too, and
+the new one continues from the prompt plus the tokens delivered (resume.py), as does any
+orchestrator that the caller re-issues the Ask to (`AskRequest.resume`) when this one died.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ import grpc
 
 from orchestrator.context_warnings import ContextWarnings
 from orchestrator.documents import MergedDocuments
+from orchestrator.fail_over import fail_over
 from orchestrator.failures import (
     ask_fails_over,
     peer_wait_s,
@@ -33,9 +37,19 @@ from orchestrator.failures import (
     retriever_refused_question,
     streamed_ask_status,
 )
+from orchestrator.lifecycle_store import StoreUnavailable
 from orchestrator.pairing import Pair, choose_pair
 from orchestrator.prompt import document_segment, head_segments, preamble_key, suffix_segments
 from orchestrator.recording import record_finished, record_lifecycle
+from orchestrator.resume import (
+    MAX_RESUMES,
+    PROMPT_FLUSH_S,
+    continuation,
+    length_done,
+    load_prompt,
+    save_prompt,
+    whole_answer,
+)
 from orchestrator.router import NoReplicaAvailable
 from protos import common_pb2, inference_pb2, orchestrator_pb2, retriever_pb2, retriever_pb2_grpc
 
@@ -70,6 +84,7 @@ class AskSettings:
     sampling: common_pb2.SamplingParams
     retriever_options: dict[str, str]
     collection: str = ""              # the ANNS collection ("" = the retriever's default)
+    resume: orchestrator_pb2.AskResume | None = None   # a re-issued Ask: what the caller already has
     requested: int = 0                # the retriever choice as asked (0: left to the default)
 
 
@@ -103,8 +118,16 @@ def validate_ask(request: orchestrator_pb2.AskRequest, available: set[str]) -> A
         raise BadAsk("request_id must be printable and at most 128 characters")
     if request.collection and "anns" not in retrievers:
         raise BadAsk(f"collection {request.collection!r} applies to the anns retriever; ask with it (or both)")
+    resume = request.resume if request.HasField("resume") else None
+    if resume is not None:
+        if not request.request_id:
+            raise BadAsk("resume needs the request_id of the Ask it resumes")
+        if resume.attempt < 0:
+            raise BadAsk(f"resume.attempt must be >= 0, got {resume.attempt}")
+        if len(resume.token_ids) > max_tokens:
+            raise BadAsk(f"resume has {len(resume.token_ids)} tokens, more than max_tokens {max_tokens}")
     return AskSettings(request_id, question, choice, retrievers, not request.no_stream, top_k, deadline_ms / 1000,
-                       sampling, dict(request.retriever_options), request.collection,
+                       sampling, dict(request.retriever_options), request.collection, resume,
                        requested=request.retriever)
 
 
@@ -179,21 +202,44 @@ class AskPipeline:
         self.session: InferenceSession | None = None
         self.tasks: list[asyncio.Task] = []
         self.warnings = ContextWarnings(settings.request_id, store, self.out)   # context_warnings.py
+        self.delivered_ids: list[int] = []          # the answer's token ids sent to the caller
+        self.prompt: orchestrator_pb2.AskPrompt | None = None   # once complete (saved in the store)
+        self.prompt_stored: asyncio.Task | None = None          # the store's flush after saving it
+        self.continuing = False                     # decoding a continuation (resume.py)
+        self.before_text, self.before_tokens = "", 0   # what the continuation continues from
+        self.resumes = 0
+        # A retry may land on a replica that still holds the broken request: a new inference id.
+        retry = settings.resume.attempt if settings.resume is not None else 0
+        self.inference_id = f"{settings.request_id}@retry-{retry}" if retry else settings.request_id
+
+    @property
+    def resuming(self) -> bool:
+        """A re-issued Ask whose caller already has tokens: the answer continues (resume.py)."""
+        return self.s.resume is not None and len(self.s.resume.token_ids) > 0
 
     # --- the caller's view ------------------------------------------------------------
     async def run(self) -> AsyncIterator[orchestrator_pb2.AskEvent]:
         s = self.s
-        chat = await self._choose_replica()
-        await self.store.create(s.request_id, s.question, retriever=",".join(s.retrievers) or "none",
-                                streamed=s.streamed, replica=self.replica.address)
-        s = self.s = await self.warnings.plan(s, self.retriever_stubs)
+        if self.resuming:
+            await self._start_resumed()
+        else:
+            chat = await self._choose_replica()
+            await self.store.create(s.request_id, s.question, retriever=",".join(s.retrievers) or "none",
+                                    streamed=s.streamed, replica=self.replica.address)
+            s = self.s = await self.warnings.plan(s, self.retriever_stubs)
+            if s.resume is not None:
+                await self.store.event(s.request_id, "RETRIED", attempt=s.resume.attempt, tokens=0)
         yield orchestrator_pb2.AskEvent(started=orchestrator_pb2.AskStarted(
             request_id=s.request_id, replica=self.replica.address, retriever=s.choice, streamed=s.streamed))
         retrieval: asyncio.Queue = asyncio.Queue()
         try:
-            for name in s.retrievers:
+            if self.resuming:
+                self.tasks.append(asyncio.create_task(self._continue_answer()))
+            for name in [] if self.resuming else s.retrievers:
                 self.tasks.append(asyncio.create_task(self._retrieve(name, retrieval)))
-            if s.streamed:
+            if self.resuming:
+                pass
+            elif s.streamed:
                 self.tasks.append(asyncio.create_task(self._relay_streaming(chat, retrieval)))
             else:
                 self.tasks.append(asyncio.create_task(self._relay_baseline(chat, retrieval)))
@@ -223,31 +269,84 @@ class AskPipeline:
             await self._fail_over(exc, record=False)     # the request is not in the store yet
             return await self.chat_formats(self.replica)
 
-    async def _fail_over(self, exc: grpc.RpcError, record: bool = True) -> None:
-        """Mark the current replica failed, move to another and record why. Raises
-        `AskFailed(UNAVAILABLE)` when no replica is left. Callers allow it once, and only before
-        the first token (`_may_fail_over`; which statuses fail over, and why: failures.py). Another
-        available replica first; with none, the first that is (back) within the wait, this one too."""
+    async def _fail_over(self, exc: grpc.RpcError, record: bool = True, resumed_tokens: int | None = None) -> None:
+        """Move to another replica (fail_over.py). Raises `AskFailed(UNAVAILABLE)` when none is left.
+        Before the first token callers allow it once (`_may_fail_over`; which statuses fail over,
+        and why: failures.py); after it, `_continue_answer` allows MAX_RESUMES continuations."""
         failed = self.replica.address
-        self.router.mark_failed(failed, f"{exc.code().name}: {exc.details()}")
         try:
-            self.replica = self.router.choose(preamble_key(), exclude={failed})
-        except NoReplicaAvailable:
-            try:
-                self.replica = await self.router.choose_ready(preamble_key(),
-                                                              wait_s=peer_wait_s(self.time_remaining()))
-            except NoReplicaAvailable as none:
-                raise AskFailed(grpc.StatusCode.UNAVAILABLE, f"no replica left after {failed} failed "
-                                f"({exc.code().name}): {none}") from exc
-        log.warning("%s: replica %s failed (%s: %s); retrying on %s", self.s.request_id, failed, exc.code().name,
-                    exc.details(), self.replica.address)
-        if record:
-            await self.store.event(self.s.request_id, "ERROR", detail=f"replica {failed} failed: "
-                                   f"{exc.details()}; retrying on {self.replica.address}")
-            await self.store.update(self.s.request_id, replica=self.replica.address)
+            self.replica = await fail_over(self.router, self.store if record else None, self.s.request_id,
+                                           self.replica, preamble_key(), exc, self.time_remaining(),
+                                           resumed_tokens=resumed_tokens)
+        except NoReplicaAvailable as none:
+            raise AskFailed(grpc.StatusCode.UNAVAILABLE, f"no replica left after {failed} failed "
+                            f"({exc.code().name}): {none}") from exc
 
     def _may_fail_over(self, exc: grpc.RpcError, retried: bool) -> bool:
         return ask_fails_over(exc.code()) and not retried and self.timeline.first_token is None
+
+    # --- continuing an answer (resume.py) ------------------------------------------------------
+    async def _start_resumed(self) -> None:
+        """A re-issued Ask with tokens: the prompt the store recorded, a replica, the record updated."""
+        s, tokens = self.s, len(self.s.resume.token_ids)
+        try:
+            self.prompt = await load_prompt(self.store, s.request_id)
+        except StoreUnavailable as exc:
+            raise AskFailed(grpc.StatusCode.UNAVAILABLE, f"request {s.request_id!r} cannot be resumed while "
+                            f"the lifecycle store is unavailable: {exc}") from exc
+        if self.prompt is None:
+            raise AskFailed(grpc.StatusCode.NOT_FOUND, f"no complete prompt is recorded for request "
+                            f"{s.request_id!r}: it cannot continue after {tokens} tokens")
+        if len(s.resume.token_ids) > self.prompt.sampling.max_tokens:
+            raise AskFailed(grpc.StatusCode.INVALID_ARGUMENT, f"resume has {tokens} tokens; request "
+                            f"{s.request_id!r} allows {self.prompt.sampling.max_tokens}")
+        self.delivered_ids, self.answer = list(s.resume.token_ids), s.resume.text
+        self.timeline.first_token = self.timeline.started    # the answer started before this Ask
+        self.replica = await self.router.choose_ready(preamble_key(), wait_s=peer_wait_s(self.time_remaining()))
+        log.info("%s: resuming after %d tokens on %s (attempt %d)", s.request_id, tokens, self.replica.address,
+                 s.resume.attempt)
+        await self.store.event(s.request_id, "RESUMED", attempt=s.resume.attempt, tokens=tokens,
+                               replica=self.replica.address)
+        await self.store.update(s.request_id, state="GENERATING", replica=self.replica.address)
+
+    async def _save_prompt(self, segments: list[common_pb2.Segment]) -> None:
+        """The prompt is complete: keep it (and its sources) in the store, for any orchestrator to
+        continue from; the first token waits for it to be stored (`_on_inference_event`)."""
+        end = self.timeline.retrieval_end or self.timeline.started
+        self.prompt = orchestrator_pb2.AskPrompt(
+            segments=segments, sampling=self.s.sampling, retrieval_s=end - self.timeline.started,
+            sources=[common_pb2.Document(id=d.id, title=d.title, url=d.url, score=d.score, source=d.source)
+                     for d in self.docs.all])
+        await save_prompt(self.store, self.s.request_id, self.prompt)
+        if self.store.available:      # with Redis down the answer goes on (the store buffers the write)
+            self.prompt_stored = asyncio.create_task(self.store.flush(PROMPT_FLUSH_S))
+            self.tasks.append(self.prompt_stored)
+
+    async def _continue_answer(self, exc: grpc.RpcError | None = None) -> None:
+        """Decode the rest of the answer from the prompt plus the tokens delivered (resume.py), on the
+        current replica or, after `exc`, on another one; up to MAX_RESUMES replicas fail under it."""
+        while True:
+            if exc is not None:
+                if self.resumes >= MAX_RESUMES or not ask_fails_over(exc.code()) or self.prompt is None:
+                    await self.out.put(AskFailed(streamed_ask_status(exc.code()), f"inference failed: {exc.details()}"))
+                    return
+                self.resumes += 1
+                try:
+                    await self._fail_over(exc, resumed_tokens=len(self.delivered_ids))
+                except AskFailed as failure:
+                    await self.out.put(failure)
+                    return
+            self.continuing, self.before_text, self.before_tokens = True, self.answer, len(self.delivered_ids)
+            request = continuation(self.prompt, self.delivered_ids, self.s.request_id)
+            if request is None:
+                await self.out.put(await self._done(length_done(self.answer, len(self.delivered_ids))))
+                return
+            try:
+                async for response in self.replica.stub.Generate(request):
+                    await self._on_inference_event(response.event)
+                return
+            except grpc.RpcError as again:
+                exc = again
 
     # --- retrieval ----------------------------------------------------------------------
     async def _retrieve(self, name: str, retrieval: asyncio.Queue) -> None:
@@ -345,7 +444,7 @@ class AskPipeline:
             reader = asyncio.create_task(self._read_inference(session, chat))
             self.tasks.append(reader)
             await session.send(inference_pb2.PromptUpdate(open=inference_pb2.PromptOpen(
-                request_id=self.s.request_id, sampling=self.s.sampling,
+                request_id=self.inference_id, sampling=self.s.sampling,
                 segments=head_segments(chat, self.s.question))))
             async for name, chunk in self._retrieved(retrieval):
                 action, docs = self.docs.apply(chunk)
@@ -356,6 +455,8 @@ class AskPipeline:
                 elif action == "update":
                     await session.send(inference_pb2.PromptUpdate(update=inference_pb2.PromptReplace(
                         segments=[document_segment(d) for d in docs], final_stage=chunk.final)))
+            await self._save_prompt(head_segments(chat, self.s.question) + [document_segment(d) for d in self.docs.all]
+                                    + suffix_segments(chat, self.s.question))
             await session.send(inference_pb2.PromptUpdate(finish=inference_pb2.PromptFinish(
                 segments=suffix_segments(chat, self.s.question))))
             await session.close()
@@ -374,6 +475,9 @@ class AskPipeline:
             except asyncio.CancelledError:
                 raise
             except grpc.RpcError as exc:
+                if self.timeline.first_token is not None:
+                    await self._continue_answer(exc)
+                    return
                 if not self._may_fail_over(exc, retried):
                     await self.out.put(AskFailed(streamed_ask_status(exc.code()),
                                                  f"inference failed: {exc.details()}"))
@@ -394,8 +498,9 @@ class AskPipeline:
                 await self._note_chunk(name, chunk)
             segments = (head_segments(chat, self.s.question) + [document_segment(d) for d in self.docs.all]
                         + suffix_segments(chat, self.s.question))
-            request = inference_pb2.GenerateRequest(request_id=self.s.request_id, segments=segments,
+            request = inference_pb2.GenerateRequest(request_id=self.inference_id, segments=segments,
                                                     sampling=self.s.sampling)
+            await self._save_prompt(segments)
             retried = False
             while True:
                 try:
@@ -403,6 +508,9 @@ class AskPipeline:
                         await self._on_inference_event(response.event)
                     return
                 except grpc.RpcError as exc:
+                    if self.timeline.first_token is not None:
+                        await self._continue_answer(exc)
+                        return
                     if not self._may_fail_over(exc, retried):   # the status as the replica gave it
                         await self.out.put(AskFailed(exc.code(), f"inference failed: {exc.details()}"))
                         return
@@ -421,11 +529,22 @@ class AskPipeline:
             await self.out.put(orchestrator_pb2.AskEvent(lifecycle=event.lifecycle))
         elif kind == "token":
             if self.timeline.first_token is None:
+                if self.prompt_stored is not None:   # no token out before its prompt is stored (resume.py)
+                    await self.prompt_stored
                 self.timeline.first_token = time.monotonic()
-            self.answer += event.token.text
-            await self.out.put(orchestrator_pb2.AskEvent(token=event.token))
+            token = event.token
+            if self.continuing:          # its position in the whole answer
+                token = common_pb2.GeneratedToken()
+                token.CopyFrom(event.token)
+                token.index += self.before_tokens
+            self.delivered_ids.append(token.id)
+            self.answer += token.text
+            await self.out.put(orchestrator_pb2.AskEvent(token=token))
         elif kind == "done":
-            await self.out.put(await self._done(event.done))
+            done = event.done
+            if self.continuing:
+                done = whole_answer(done, self.before_text, self.before_tokens)
+            await self.out.put(await self._done(done))
 
     async def _done(self, done: inference_pb2.InferenceDone) -> orchestrator_pb2.AskEvent:
         t = self.timeline
@@ -436,12 +555,12 @@ class AskPipeline:
         self.router.note_served(self.replica.address, preamble_key())
         await record_finished(self.store, self.s.request_id, done, ttft_from_question_s=ttft_q, total_s=total,
                               ttft_from_retrieval_end_s=ttft_r)
-        sources = [common_pb2.Document(id=d.id, title=d.title, url=d.url, score=d.score, source=d.source)
-                   for d in self.docs.all]
+        retrieval_s = self.prompt.retrieval_s if self.prompt is not None else end - t.started
         return orchestrator_pb2.AskEvent(done=orchestrator_pb2.AskDone(
-            answer=done.text, sources=sources, ttft_from_question_s=ttft_q, ttft_from_retrieval_end_s=ttft_r,
-            request_id=self.s.request_id, stats=done.stats, finish_reason=done.finish_reason,
-            replica=self.replica.address, retrieval_s=end - t.started, total_s=total,
+            answer=done.text, sources=self.prompt.sources if self.prompt is not None else [],
+            ttft_from_question_s=ttft_q, ttft_from_retrieval_end_s=ttft_r, request_id=self.s.request_id,
+            stats=done.stats, finish_reason=done.finish_reason, replica=self.replica.address,
+            retrieval_s=retrieval_s, total_s=total,
             warnings=self.warnings.all))
 
 

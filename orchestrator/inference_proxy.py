@@ -15,7 +15,7 @@ The gateway's plain chats and completions (`Generate`) and its WebSocket's strea
 - the same metrics count it: `streamrag_asks{mode="plain"}` and the first-token histogram.
 
 The caller may send the text to record as the request's question in the metadata
-`streamrag-question-bin` (UTF-8; the gateway sends the user's last message); without it the
+`protos.metadata.QUESTION_KEY` (UTF-8; the gateway sends the user's last message); without it the
 prompt's text is recorded. `Describe` answers for the replica the router would pick now; the
 other `Inference` calls are not served here (ask a replica).
 """
@@ -30,16 +30,17 @@ from collections.abc import AsyncIterator
 
 import grpc
 
+from orchestrator.fail_over import fail_over
 from orchestrator.failures import ask_fails_over, peer_wait_s, streamed_ask_status
 from orchestrator.lifecycle_store import LifecycleStore
 from orchestrator.metrics import OrchestratorMetrics
 from orchestrator.recording import record_cancelled, record_failed, record_finished, record_lifecycle
 from orchestrator.router import NoReplicaAvailable, Replica, ReplicaRouter
 from protos import inference_pb2, inference_pb2_grpc
+from protos.metadata import QUESTION_KEY
 
 log = logging.getLogger(__name__)
 
-QUESTION_METADATA = "streamrag-question-bin"
 MAX_QUESTION_CHARS = 2000          # what the record keeps of a question
 MODE = "plain"                     # the metrics' mode label
 DESCRIBE_TIMEOUT_S = 10.0
@@ -48,7 +49,7 @@ DESCRIBE_TIMEOUT_S = 10.0
 def question_of(context: grpc.aio.ServicerContext, segments) -> str:
     """The question to record: the caller's metadata, else the prompt's text."""
     for key, value in context.invocation_metadata() or ():
-        if key == QUESTION_METADATA:
+        if key == QUESTION_KEY:
             text = value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
             return text[:MAX_QUESTION_CHARS]
     return "".join(segment.text for segment in segments)[:MAX_QUESTION_CHARS]
@@ -142,22 +143,11 @@ class InferenceProxy(inference_pb2_grpc.InferenceServicer):
 
     async def _fail_over(self, request_id: str, replica: Replica, key: str, exc: grpc.RpcError,
                          time_remaining: float | None) -> Replica | None:
-        """Mark `replica` failed and record the move to another: another available one first; with
-        none, the first that is (back) within the wait (failures.py), this one too. None when none is."""
-        self.router.mark_failed(replica.address)
+        """The replica that takes over from `replica` (fail_over.py); None when none is."""
         try:
-            chosen = self.router.choose(key, exclude={replica.address})
+            return await fail_over(self.router, self.store, request_id, replica, key, exc, time_remaining)
         except NoReplicaAvailable:
-            try:
-                chosen = await self.router.choose_ready(key, wait_s=peer_wait_s(time_remaining))
-            except NoReplicaAvailable:
-                return None
-        log.warning("%s: replica %s failed (%s: %s); retrying on %s", request_id, replica.address,
-                    exc.code().name, exc.details(), chosen.address)
-        await self.store.event(request_id, "ERROR", detail=f"replica {replica.address} failed: {exc.details()}; "
-                               f"retrying on {chosen.address}")
-        await self.store.update(request_id, replica=chosen.address)
-        return chosen
+            return None
 
     async def _fail(self, context, request_id: str, code: grpc.StatusCode, message: str) -> None:
         await record_failed(self.store, request_id, message)

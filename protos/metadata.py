@@ -9,3 +9,8 @@ from __future__ import annotations
 # StreamPrompt metadata naming the decode replica ("host:port") that a prefill replica hands the
 # request's KV to (docs/disagg.md). Sent by the orchestrator's pairing, read by the inference service.
 DECODE_TARGET_KEY = "streamrag-decode-target"
+
+# Plain-call metadata naming the question the lifecycle store records (UTF-8; a `-bin` key, so any
+# text travels). Sent by the gateway with a plain chat or completion, read by the orchestrator's
+# Inference proxy; without it the prompt's text is recorded.
+QUESTION_KEY = "streamrag-question-bin"

@@ -26,7 +26,7 @@ from protos import common_pb2 as protos_dot_common__pb2
 from protos import retriever_pb2 as protos_dot_retriever__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19protos/orchestrator.proto\x12\x0cstreamrag.v1\x1a\x13protos/common.proto\x1a\x16protos/retriever.proto\"\x96\x03\n\nAskRequest\x12\x10\n\x08question\x18\x01 \x01(\t\x12\x30\n\tretriever\x18\x02 \x01(\x0e\x32\x1d.streamrag.v1.RetrieverChoice\x12\x11\n\tno_stream\x18\x03 \x01(\x08\x12\x12\n\nmax_tokens\x18\x04 \x01(\x05\x12.\n\x08sampling\x18\x05 \x01(\x0b\x32\x1c.streamrag.v1.SamplingParams\x12\x13\n\x0bpolicy_hint\x18\x06 \x01(\t\x12\r\n\x05top_k\x18\x07 \x01(\x05\x12\x1d\n\x15retrieval_deadline_ms\x18\x08 \x01(\x03\x12\x12\n\nrequest_id\x18\t \x01(\t\x12I\n\x11retriever_options\x18\n \x03(\x0b\x32..streamrag.v1.AskRequest.RetrieverOptionsEntry\x12\x12\n\ncollection\x18\x0b \x01(\t\x1a\x37\n\x15RetrieverOptionsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"4\n\x0b\x41skResponse\x12%\n\x05\x65vent\x18\x01 \x01(\x0b\x32\x16.streamrag.v1.AskEvent\"\x91\x02\n\x08\x41skEvent\x12+\n\x07started\x18\x01 \x01(\x0b\x32\x18.streamrag.v1.AskStartedH\x00\x12\x34\n\tretrieval\x18\x02 \x01(\x0b\x32\x1f.streamrag.v1.RetrievalProgressH\x00\x12\x31\n\tlifecycle\x18\x03 \x01(\x0b\x32\x1c.streamrag.v1.LifecycleEventH\x00\x12-\n\x05token\x18\x04 \x01(\x0b\x32\x1c.streamrag.v1.GeneratedTokenH\x00\x12%\n\x04\x64one\x18\x05 \x01(\x0b\x32\x15.streamrag.v1.AskDoneH\x00\x12\x11\n\x07warning\x18\x06 \x01(\tH\x00\x42\x06\n\x04kind\"u\n\nAskStarted\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0f\n\x07replica\x18\x02 \x01(\t\x12\x30\n\tretriever\x18\x03 \x01(\x0e\x32\x1d.streamrag.v1.RetrieverChoice\x12\x10\n\x08streamed\x18\x04 \x01(\x08\"\xbb\x01\n\x11RetrievalProgress\x12\x0b\n\x03seq\x18\x01 \x01(\x05\x12%\n\x04mode\x18\x02 \x01(\x0e\x32\x17.streamrag.v1.ChunkMode\x12)\n\tdocuments\x18\x03 \x03(\x0b\x32\x16.streamrag.v1.Document\x12\x15\n\rnum_documents\x18\x04 \x01(\x05\x12\r\n\x05\x66inal\x18\x05 \x01(\x08\x12\x0e\n\x06source\x18\x06 \x01(\t\x12\x11\n\telapsed_s\x18\x07 \x01(\x01\"\xbe\x02\n\x07\x41skDone\x12\x0e\n\x06\x61nswer\x18\x01 \x01(\t\x12\'\n\x07sources\x18\x02 \x03(\x0b\x32\x16.streamrag.v1.Document\x12\x1c\n\x14ttft_from_question_s\x18\x03 \x01(\x01\x12!\n\x19ttft_from_retrieval_end_s\x18\x04 \x01(\x01\x12\x12\n\nrequest_id\x18\x05 \x01(\t\x12)\n\x05stats\x18\x06 \x01(\x0b\x32\x1a.streamrag.v1.RequestStats\x12\x31\n\rfinish_reason\x18\x07 \x01(\x0e\x32\x1a.streamrag.v1.FinishReason\x12\x0f\n\x07replica\x18\x08 \x01(\t\x12\x13\n\x0bretrieval_s\x18\t \x01(\x01\x12\x0f\n\x07total_s\x18\n \x01(\x01\x12\x10\n\x08warnings\x18\x0b \x03(\t\"\'\n\x11GetRequestRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\"A\n\x12GetRequestResponse\x12+\n\x06record\x18\x01 \x01(\x0b\x32\x1b.streamrag.v1.RequestRecord\"\x9f\x03\n\rRequestRecord\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x10\n\x08question\x18\x02 \x01(\t\x12)\n\x05state\x18\x03 \x01(\x0e\x32\x1a.streamrag.v1.RequestState\x12\x0f\n\x07replica\x18\x04 \x01(\t\x12\x30\n\tretriever\x18\x05 \x01(\x0e\x32\x1d.streamrag.v1.RetrieverChoice\x12\x10\n\x08streamed\x18\x06 \x01(\x08\x12\x17\n\x0f\x63reated_unix_ms\x18\x07 \x01(\x03\x12\x17\n\x0fupdated_unix_ms\x18\x08 \x01(\x03\x12)\n\x05stats\x18\t \x01(\x0b\x32\x1a.streamrag.v1.RequestStats\x12+\n\x06\x65vents\x18\n \x03(\x0b\x32\x1b.streamrag.v1.RecordedEvent\x12\x0e\n\x06\x61nswer\x18\x0b \x01(\t\x12\x1c\n\x14ttft_from_question_s\x18\x0c \x01(\x01\x12!\n\x19ttft_from_retrieval_end_s\x18\r \x01(\x01\x12\r\n\x05\x65rror\x18\x0e \x01(\t\"\xa9\x01\n\rRecordedEvent\x12\x11\n\tstream_id\x18\x01 \x01(\t\x12\x0c\n\x04kind\x18\x02 \x01(\t\x12\x0f\n\x07unix_ms\x18\x03 \x01(\x03\x12\x37\n\x06\x66ields\x18\x04 \x03(\x0b\x32\'.streamrag.v1.RecordedEvent.FieldsEntry\x1a-\n\x0b\x46ieldsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01*\xbf\x01\n\x0fRetrieverChoice\x12 \n\x1cRETRIEVER_CHOICE_UNSPECIFIED\x10\x00\x12\x19\n\x15RETRIEVER_CHOICE_ANNS\x10\x01\x12\x1c\n\x18RETRIEVER_CHOICE_CRAWLER\x10\x02\x12\x19\n\x15RETRIEVER_CHOICE_BOTH\x10\x03\x12\x19\n\x15RETRIEVER_CHOICE_NONE\x10\x04\x12\x1b\n\x17RETRIEVER_CHOICE_REPLAY\x10\x05*\xd8\x01\n\x0cRequestState\x12\x1d\n\x19REQUEST_STATE_UNSPECIFIED\x10\x00\x12\x1a\n\x16REQUEST_STATE_RECEIVED\x10\x01\x12\x1c\n\x18REQUEST_STATE_RETRIEVING\x10\x02\x12\x1c\n\x18REQUEST_STATE_GENERATING\x10\x03\x12\x1a\n\x16REQUEST_STATE_FINISHED\x10\x04\x12\x18\n\x14REQUEST_STATE_FAILED\x10\x05\x12\x1b\n\x17REQUEST_STATE_CANCELLED\x10\x06\x32\x9d\x01\n\x0cOrchestrator\x12<\n\x03\x41sk\x12\x18.streamrag.v1.AskRequest\x1a\x19.streamrag.v1.AskResponse0\x01\x12O\n\nGetRequest\x12\x1f.streamrag.v1.GetRequestRequest\x1a .streamrag.v1.GetRequestResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19protos/orchestrator.proto\x12\x0cstreamrag.v1\x1a\x13protos/common.proto\x1a\x16protos/retriever.proto\"\xbf\x03\n\nAskRequest\x12\x10\n\x08question\x18\x01 \x01(\t\x12\x30\n\tretriever\x18\x02 \x01(\x0e\x32\x1d.streamrag.v1.RetrieverChoice\x12\x11\n\tno_stream\x18\x03 \x01(\x08\x12\x12\n\nmax_tokens\x18\x04 \x01(\x05\x12.\n\x08sampling\x18\x05 \x01(\x0b\x32\x1c.streamrag.v1.SamplingParams\x12\x13\n\x0bpolicy_hint\x18\x06 \x01(\t\x12\r\n\x05top_k\x18\x07 \x01(\x05\x12\x1d\n\x15retrieval_deadline_ms\x18\x08 \x01(\x03\x12\x12\n\nrequest_id\x18\t \x01(\t\x12I\n\x11retriever_options\x18\n \x03(\x0b\x32..streamrag.v1.AskRequest.RetrieverOptionsEntry\x12\x12\n\ncollection\x18\x0b \x01(\t\x12\'\n\x06resume\x18\x0c \x01(\x0b\x32\x17.streamrag.v1.AskResume\x1a\x37\n\x15RetrieverOptionsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"=\n\tAskResume\x12\x11\n\ttoken_ids\x18\x01 \x03(\x05\x12\x0c\n\x04text\x18\x02 \x01(\t\x12\x0f\n\x07\x61ttempt\x18\x03 \x01(\x05\"\xa2\x01\n\tAskPrompt\x12\'\n\x08segments\x18\x01 \x03(\x0b\x32\x15.streamrag.v1.Segment\x12.\n\x08sampling\x18\x02 \x01(\x0b\x32\x1c.streamrag.v1.SamplingParams\x12\'\n\x07sources\x18\x03 \x03(\x0b\x32\x16.streamrag.v1.Document\x12\x13\n\x0bretrieval_s\x18\x04 \x01(\x01\"4\n\x0b\x41skResponse\x12%\n\x05\x65vent\x18\x01 \x01(\x0b\x32\x16.streamrag.v1.AskEvent\"\x91\x02\n\x08\x41skEvent\x12+\n\x07started\x18\x01 \x01(\x0b\x32\x18.streamrag.v1.AskStartedH\x00\x12\x34\n\tretrieval\x18\x02 \x01(\x0b\x32\x1f.streamrag.v1.RetrievalProgressH\x00\x12\x31\n\tlifecycle\x18\x03 \x01(\x0b\x32\x1c.streamrag.v1.LifecycleEventH\x00\x12-\n\x05token\x18\x04 \x01(\x0b\x32\x1c.streamrag.v1.GeneratedTokenH\x00\x12%\n\x04\x64one\x18\x05 \x01(\x0b\x32\x15.streamrag.v1.AskDoneH\x00\x12\x11\n\x07warning\x18\x06 \x01(\tH\x00\x42\x06\n\x04kind\"u\n\nAskStarted\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0f\n\x07replica\x18\x02 \x01(\t\x12\x30\n\tretriever\x18\x03 \x01(\x0e\x32\x1d.streamrag.v1.RetrieverChoice\x12\x10\n\x08streamed\x18\x04 \x01(\x08\"\xbb\x01\n\x11RetrievalProgress\x12\x0b\n\x03seq\x18\x01 \x01(\x05\x12%\n\x04mode\x18\x02 \x01(\x0e\x32\x17.streamrag.v1.ChunkMode\x12)\n\tdocuments\x18\x03 \x03(\x0b\x32\x16.streamrag.v1.Document\x12\x15\n\rnum_documents\x18\x04 \x01(\x05\x12\r\n\x05\x66inal\x18\x05 \x01(\x08\x12\x0e\n\x06source\x18\x06 \x01(\t\x12\x11\n\telapsed_s\x18\x07 \x01(\x01\"\xbe\x02\n\x07\x41skDone\x12\x0e\n\x06\x61nswer\x18\x01 \x01(\t\x12\'\n\x07sources\x18\x02 \x03(\x0b\x32\x16.streamrag.v1.Document\x12\x1c\n\x14ttft_from_question_s\x18\x03 \x01(\x01\x12!\n\x19ttft_from_retrieval_end_s\x18\x04 \x01(\x01\x12\x12\n\nrequest_id\x18\x05 \x01(\t\x12)\n\x05stats\x18\x06 \x01(\x0b\x32\x1a.streamrag.v1.RequestStats\x12\x31\n\rfinish_reason\x18\x07 \x01(\x0e\x32\x1a.streamrag.v1.FinishReason\x12\x0f\n\x07replica\x18\x08 \x01(\t\x12\x13\n\x0bretrieval_s\x18\t \x01(\x01\x12\x0f\n\x07total_s\x18\n \x01(\x01\x12\x10\n\x08warnings\x18\x0b \x03(\t\"\'\n\x11GetRequestRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\"A\n\x12GetRequestResponse\x12+\n\x06record\x18\x01 \x01(\x0b\x32\x1b.streamrag.v1.RequestRecord\"\x9f\x03\n\rRequestRecord\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x10\n\x08question\x18\x02 \x01(\t\x12)\n\x05state\x18\x03 \x01(\x0e\x32\x1a.streamrag.v1.RequestState\x12\x0f\n\x07replica\x18\x04 \x01(\t\x12\x30\n\tretriever\x18\x05 \x01(\x0e\x32\x1d.streamrag.v1.RetrieverChoice\x12\x10\n\x08streamed\x18\x06 \x01(\x08\x12\x17\n\x0f\x63reated_unix_ms\x18\x07 \x01(\x03\x12\x17\n\x0fupdated_unix_ms\x18\x08 \x01(\x03\x12)\n\x05stats\x18\t \x01(\x0b\x32\x1a.streamrag.v1.RequestStats\x12+\n\x06\x65vents\x18\n \x03(\x0b\x32\x1b.streamrag.v1.RecordedEvent\x12\x0e\n\x06\x61nswer\x18\x0b \x01(\t\x12\x1c\n\x14ttft_from_question_s\x18\x0c \x01(\x01\x12!\n\x19ttft_from_retrieval_end_s\x18\r \x01(\x01\x12\r\n\x05\x65rror\x18\x0e \x01(\t\"\xa9\x01\n\rRecordedEvent\x12\x11\n\tstream_id\x18\x01 \x01(\t\x12\x0c\n\x04kind\x18\x02 \x01(\t\x12\x0f\n\x07unix_ms\x18\x03 \x01(\x03\x12\x37\n\x06\x66ields\x18\x04 \x03(\x0b\x32\'.streamrag.v1.RecordedEvent.FieldsEntry\x1a-\n\x0b\x46ieldsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01*\xbf\x01\n\x0fRetrieverChoice\x12 \n\x1cRETRIEVER_CHOICE_UNSPECIFIED\x10\x00\x12\x19\n\x15RETRIEVER_CHOICE_ANNS\x10\x01\x12\x1c\n\x18RETRIEVER_CHOICE_CRAWLER\x10\x02\x12\x19\n\x15RETRIEVER_CHOICE_BOTH\x10\x03\x12\x19\n\x15RETRIEVER_CHOICE_NONE\x10\x04\x12\x1b\n\x17RETRIEVER_CHOICE_REPLAY\x10\x05*\xd8\x01\n\x0cRequestState\x12\x1d\n\x19REQUEST_STATE_UNSPECIFIED\x10\x00\x12\x1a\n\x16REQUEST_STATE_RECEIVED\x10\x01\x12\x1c\n\x18REQUEST_STATE_RETRIEVING\x10\x02\x12\x1c\n\x18REQUEST_STATE_GENERATING\x10\x03\x12\x1a\n\x16REQUEST_STATE_FINISHED\x10\x04\x12\x18\n\x14REQUEST_STATE_FAILED\x10\x05\x12\x1b\n\x17REQUEST_STATE_CANCELLED\x10\x06\x32\x9d\x01\n\x0cOrchestrator\x12<\n\x03\x41sk\x12\x18.streamrag.v1.AskRequest\x1a\x19.streamrag.v1.AskResponse0\x01\x12O\n\nGetRequest\x12\x1f.streamrag.v1.GetRequestRequest\x1a .streamrag.v1.GetRequestResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -37,34 +37,38 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_ASKREQUEST_RETRIEVEROPTIONSENTRY']._serialized_options = b'8\001'
   _globals['_RECORDEDEVENT_FIELDSENTRY']._loaded_options = None
   _globals['_RECORDEDEVENT_FIELDSENTRY']._serialized_options = b'8\001'
-  _globals['_RETRIEVERCHOICE']._serialized_start=2156
-  _globals['_RETRIEVERCHOICE']._serialized_end=2347
-  _globals['_REQUESTSTATE']._serialized_start=2350
-  _globals['_REQUESTSTATE']._serialized_end=2566
+  _globals['_RETRIEVERCHOICE']._serialized_start=2425
+  _globals['_RETRIEVERCHOICE']._serialized_end=2616
+  _globals['_REQUESTSTATE']._serialized_start=2619
+  _globals['_REQUESTSTATE']._serialized_end=2835
   _globals['_ASKREQUEST']._serialized_start=89
-  _globals['_ASKREQUEST']._serialized_end=495
-  _globals['_ASKREQUEST_RETRIEVEROPTIONSENTRY']._serialized_start=440
-  _globals['_ASKREQUEST_RETRIEVEROPTIONSENTRY']._serialized_end=495
-  _globals['_ASKRESPONSE']._serialized_start=497
-  _globals['_ASKRESPONSE']._serialized_end=549
-  _globals['_ASKEVENT']._serialized_start=552
-  _globals['_ASKEVENT']._serialized_end=825
-  _globals['_ASKSTARTED']._serialized_start=827
-  _globals['_ASKSTARTED']._serialized_end=944
-  _globals['_RETRIEVALPROGRESS']._serialized_start=947
-  _globals['_RETRIEVALPROGRESS']._serialized_end=1134
-  _globals['_ASKDONE']._serialized_start=1137
-  _globals['_ASKDONE']._serialized_end=1455
-  _globals['_GETREQUESTREQUEST']._serialized_start=1457
-  _globals['_GETREQUESTREQUEST']._serialized_end=1496
-  _globals['_GETREQUESTRESPONSE']._serialized_start=1498
-  _globals['_GETREQUESTRESPONSE']._serialized_end=1563
-  _globals['_REQUESTRECORD']._serialized_start=1566
-  _globals['_REQUESTRECORD']._serialized_end=1981
-  _globals['_RECORDEDEVENT']._serialized_start=1984
-  _globals['_RECORDEDEVENT']._serialized_end=2153
-  _globals['_RECORDEDEVENT_FIELDSENTRY']._serialized_start=2108
-  _globals['_RECORDEDEVENT_FIELDSENTRY']._serialized_end=2153
-  _globals['_ORCHESTRATOR']._serialized_start=2569
-  _globals['_ORCHESTRATOR']._serialized_end=2726
+  _globals['_ASKREQUEST']._serialized_end=536
+  _globals['_ASKREQUEST_RETRIEVEROPTIONSENTRY']._serialized_start=481
+  _globals['_ASKREQUEST_RETRIEVEROPTIONSENTRY']._serialized_end=536
+  _globals['_ASKRESUME']._serialized_start=538
+  _globals['_ASKRESUME']._serialized_end=599
+  _globals['_ASKPROMPT']._serialized_start=602
+  _globals['_ASKPROMPT']._serialized_end=764
+  _globals['_ASKRESPONSE']._serialized_start=766
+  _globals['_ASKRESPONSE']._serialized_end=818
+  _globals['_ASKEVENT']._serialized_start=821
+  _globals['_ASKEVENT']._serialized_end=1094
+  _globals['_ASKSTARTED']._serialized_start=1096
+  _globals['_ASKSTARTED']._serialized_end=1213
+  _globals['_RETRIEVALPROGRESS']._serialized_start=1216
+  _globals['_RETRIEVALPROGRESS']._serialized_end=1403
+  _globals['_ASKDONE']._serialized_start=1406
+  _globals['_ASKDONE']._serialized_end=1724
+  _globals['_GETREQUESTREQUEST']._serialized_start=1726
+  _globals['_GETREQUESTREQUEST']._serialized_end=1765
+  _globals['_GETREQUESTRESPONSE']._serialized_start=1767
+  _globals['_GETREQUESTRESPONSE']._serialized_end=1832
+  _globals['_REQUESTRECORD']._serialized_start=1835
+  _globals['_REQUESTRECORD']._serialized_end=2250
+  _globals['_RECORDEDEVENT']._serialized_start=2253
+  _globals['_RECORDEDEVENT']._serialized_end=2422
+  _globals['_RECORDEDEVENT_FIELDSENTRY']._serialized_start=2377
+  _globals['_RECORDEDEVENT_FIELDSENTRY']._serialized_end=2422
+  _globals['_ORCHESTRATOR']._serialized_start=2838
+  _globals['_ORCHESTRATOR']._serialized_end=2995
 # @@protoc_insertion_point(module_scope)

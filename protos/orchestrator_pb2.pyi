@@ -42,7 +42,7 @@ REQUEST_STATE_FAILED: RequestState
 REQUEST_STATE_CANCELLED: RequestState
 
 class AskRequest(_message.Message):
-    __slots__ = ("question", "retriever", "no_stream", "max_tokens", "sampling", "policy_hint", "top_k", "retrieval_deadline_ms", "request_id", "retriever_options", "collection")
+    __slots__ = ("question", "retriever", "no_stream", "max_tokens", "sampling", "policy_hint", "top_k", "retrieval_deadline_ms", "request_id", "retriever_options", "collection", "resume")
     class RetrieverOptionsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -61,6 +61,7 @@ class AskRequest(_message.Message):
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     RETRIEVER_OPTIONS_FIELD_NUMBER: _ClassVar[int]
     COLLECTION_FIELD_NUMBER: _ClassVar[int]
+    RESUME_FIELD_NUMBER: _ClassVar[int]
     question: str
     retriever: RetrieverChoice
     no_stream: bool
@@ -72,7 +73,30 @@ class AskRequest(_message.Message):
     request_id: str
     retriever_options: _containers.ScalarMap[str, str]
     collection: str
-    def __init__(self, question: _Optional[str] = ..., retriever: _Optional[_Union[RetrieverChoice, str]] = ..., no_stream: _Optional[bool] = ..., max_tokens: _Optional[int] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., policy_hint: _Optional[str] = ..., top_k: _Optional[int] = ..., retrieval_deadline_ms: _Optional[int] = ..., request_id: _Optional[str] = ..., retriever_options: _Optional[_Mapping[str, str]] = ..., collection: _Optional[str] = ...) -> None: ...
+    resume: AskResume
+    def __init__(self, question: _Optional[str] = ..., retriever: _Optional[_Union[RetrieverChoice, str]] = ..., no_stream: _Optional[bool] = ..., max_tokens: _Optional[int] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., policy_hint: _Optional[str] = ..., top_k: _Optional[int] = ..., retrieval_deadline_ms: _Optional[int] = ..., request_id: _Optional[str] = ..., retriever_options: _Optional[_Mapping[str, str]] = ..., collection: _Optional[str] = ..., resume: _Optional[_Union[AskResume, _Mapping]] = ...) -> None: ...
+
+class AskResume(_message.Message):
+    __slots__ = ("token_ids", "text", "attempt")
+    TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    TEXT_FIELD_NUMBER: _ClassVar[int]
+    ATTEMPT_FIELD_NUMBER: _ClassVar[int]
+    token_ids: _containers.RepeatedScalarFieldContainer[int]
+    text: str
+    attempt: int
+    def __init__(self, token_ids: _Optional[_Iterable[int]] = ..., text: _Optional[str] = ..., attempt: _Optional[int] = ...) -> None: ...
+
+class AskPrompt(_message.Message):
+    __slots__ = ("segments", "sampling", "sources", "retrieval_s")
+    SEGMENTS_FIELD_NUMBER: _ClassVar[int]
+    SAMPLING_FIELD_NUMBER: _ClassVar[int]
+    SOURCES_FIELD_NUMBER: _ClassVar[int]
+    RETRIEVAL_S_FIELD_NUMBER: _ClassVar[int]
+    segments: _containers.RepeatedCompositeFieldContainer[_common_pb2.Segment]
+    sampling: _common_pb2.SamplingParams
+    sources: _containers.RepeatedCompositeFieldContainer[_common_pb2.Document]
+    retrieval_s: float
+    def __init__(self, segments: _Optional[_Iterable[_Union[_common_pb2.Segment, _Mapping]]] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., sources: _Optional[_Iterable[_Union[_common_pb2.Document, _Mapping]]] = ..., retrieval_s: _Optional[float] = ...) -> None: ...
 
 class AskResponse(_message.Message):
     __slots__ = ("event",)

@@ -14,6 +14,7 @@ With `api_key`, every call presents it (`authorization: Bearer KEY`, `servicekit
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 
 import grpc
@@ -50,3 +51,33 @@ def open_channel(address: str, tls: TlsFiles | None = None,
     if tls is not None and tls.ca is not None:
         return grpc.aio.secure_channel(address, tls.channel_credentials(), options=merged, interceptors=interceptors)
     return grpc.aio.insecure_channel(address, options=merged, interceptors=interceptors)
+
+
+TARGET_SCHEMES = ("ipv4:", "ipv6:", "dns:", "unix:")
+
+
+def spread_target(addresses: str | Sequence[str]) -> str:
+    """One gRPC target for several servers of one service ("127.0.0.1:50051,127.0.0.1:50061", or a
+    list): `ipv4:a,b` (gRPC's multi-address target; `ipv6:` for bracketed addresses) when there are
+    several; a single address, or a target with its own scheme (`dns:///orchestrators:50051`, whose
+    name resolves to every server), as it is. Dial it with `spread_options`."""
+    parts = [a.strip() for a in (addresses.split(",") if isinstance(addresses, str) else addresses) if a.strip()]
+    if not parts:
+        raise ValueError("no address given")
+    if len(parts) == 1 or parts[0].startswith(TARGET_SCHEMES):
+        return ",".join(parts)
+    scheme = "ipv6" if all(a.startswith("[") for a in parts) else "ipv4"
+    return f"{scheme}:" + ",".join(parts)
+
+
+def spread_options(health_service: str = "", wait_for_ready: bool = True) -> tuple[tuple[str, str], ...]:
+    """The channel options that spread calls over every address of a target with gRPC's own
+    `round_robin` and keep them off a server whose `grpc.health.v1` status for `health_service`
+    ("": the server as a whole) is not SERVING (client-side health checking): a server that died,
+    stopped answering (the keepalive above) or is shutting down gets no new call while another
+    is up. With `wait_for_ready`, a call made while none is ready waits for one, within its timeout."""
+    config: dict[str, object] = {"loadBalancingConfig": [{"round_robin": {}}],
+                                 "healthCheckConfig": {"serviceName": health_service}}
+    if wait_for_ready:
+        config["methodConfig"] = [{"name": [{}], "waitForReady": True}]
+    return (("grpc.service_config", json.dumps(config)),)

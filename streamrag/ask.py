@@ -9,6 +9,7 @@ commands talk to the local stack `streamrag up` started, else to 127.0.0.1:50051
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import sys
 import time
@@ -23,7 +24,9 @@ from inference_svc.engine.options import (
     speculation_arg,
 )
 from protos import common_pb2, orchestrator_pb2, orchestrator_pb2_grpc
-from servicekit.auth import keyed_channel
+from servicekit.ask_resume import ResumableAsk
+from servicekit.auth import client_key, keyed_channel
+from servicekit.channels import open_channel, spread_options, spread_target
 
 DEFAULT_ORCHESTRATOR = "127.0.0.1:50051"
 
@@ -113,6 +116,48 @@ class StatusLine:
         self.show("")
 
 
+async def stream_answer(request: orchestrator_pb2.AskRequest, address: str, timeout_s: float, status: StatusLine,
+                        print_tokens: bool = True) -> orchestrator_pb2.AskDone | None:
+    """Ask, showing progress on `status` and the answer on stdout as it streams; the `done` event.
+
+    `address` may name several orchestrators ("a:port,b:port"): asks are spread over them by gRPC's
+    round_robin with health checking, and an Ask whose orchestrator dies mid-answer is re-issued to
+    another as a resume, which continues where the answer stopped (servicekit.ask_resume). Every
+    call waits for an orchestrator to be ready within the timeout (one restarting, or just back)."""
+    started = time.monotonic()
+    answer_started = False
+    chunks = 0
+    done = None
+    channel = open_channel(spread_target(address), options=spread_options(), api_key=client_key())
+    try:
+        stub = orchestrator_pb2_grpc.OrchestratorStub(channel)
+        async for response in ResumableAsk(lambda ask: stub.Ask(ask, timeout=timeout_s), request):
+            event = response.event
+            kind = event.WhichOneof("kind")
+            if kind == "retrieval":
+                chunks += 1
+                status.show(f"[{time.monotonic() - started:5.1f}s] retrieval: {chunks} chunks from "
+                            f"{event.retrieval.source}, {event.retrieval.num_documents} documents")
+            elif kind == "warning":     # the orchestrator says what the context lacks (context_warnings.py)
+                status.clear()
+                print(f"warning: {event.warning}", file=sys.stderr, flush=True)
+            elif kind == "lifecycle" and not answer_started:
+                name = common_pb2.LifecycleEventKind.Name(event.lifecycle.kind).removeprefix("LIFECYCLE_EVENT_KIND_")
+                status.show(f"[{time.monotonic() - started:5.1f}s] engine: {name.lower()} "
+                            f"{event.lifecycle.count or ''} ({chunks} retrieval chunks so far)")
+            elif kind == "token" and print_tokens:
+                if not answer_started:
+                    status.clear()
+                    answer_started = True
+                sys.stdout.write(event.token.text)
+                sys.stdout.flush()
+            elif kind == "done":
+                done = event.done
+    finally:
+        await channel.close()
+    return done
+
+
 def run_ask(args: argparse.Namespace) -> int:
     request = orchestrator_pb2.AskRequest(question=args.question, retriever=CHOICES.get(args.retriever, 0),
                                           no_stream=args.no_stream, max_tokens=args.max_tokens, top_k=args.top_k,
@@ -121,38 +166,9 @@ def run_ask(args: argparse.Namespace) -> int:
                                               speculation=args.speculation, kv_reuse=args.kv_reuse or "",
                                               blend_recompute=args.blend_recompute))
     status = StatusLine(not args.json)
-    started = time.monotonic()
-    answer_started = False
-    chunks = 0
-    done = None
     try:
-        with keyed_channel(orchestrator_address(args.orchestrator)) as channel:
-            stub = orchestrator_pb2_grpc.OrchestratorStub(channel)
-            # wait_for_ready: an orchestrator restarting, or just back (the channel in its reconnect
-            # back-off), is waited for within the deadline instead of failing the ask at once
-            for response in stub.Ask(request, timeout=args.timeout, wait_for_ready=True):
-                event = response.event
-                kind = event.WhichOneof("kind")
-                if kind == "retrieval":
-                    chunks += 1
-                    status.show(f"[{time.monotonic() - started:5.1f}s] retrieval: {chunks} chunks from "
-                                f"{event.retrieval.source}, {event.retrieval.num_documents} documents")
-                elif kind == "warning":     # the orchestrator says what the context lacks (context_warnings.py)
-                    status.clear()
-                    print(f"warning: {event.warning}", file=sys.stderr, flush=True)
-                elif kind == "lifecycle" and not answer_started:
-                    name = common_pb2.LifecycleEventKind.Name(event.lifecycle.kind).removeprefix(
-                        "LIFECYCLE_EVENT_KIND_")
-                    status.show(f"[{time.monotonic() - started:5.1f}s] engine: {name.lower()} "
-                                f"{event.lifecycle.count or ''} ({chunks} retrieval chunks so far)")
-                elif kind == "token" and not args.json:
-                    if not answer_started:
-                        status.clear()
-                        answer_started = True
-                    sys.stdout.write(event.token.text)
-                    sys.stdout.flush()
-                elif kind == "done":
-                    done = event.done
+        done = asyncio.run(stream_answer(request, orchestrator_address(args.orchestrator), args.timeout,
+                                         status, print_tokens=not args.json))
     except grpc.RpcError as exc:
         status.clear()
         print(f"error: {exc.code().name}: {exc.details()}", file=sys.stderr)

@@ -1,0 +1,85 @@
+"""Continuing an answer that broke: the prompt plus the tokens already delivered.
+
+The rule is the disaggregated fall-back's (`inference_svc/kv_transfer`, `disagg/sender.py`'s
+`fall_back`, `vllm_backend/handoff.py`'s `_resume`): a new inference request whose prompt is the
+original prompt followed by the tokens the caller already has, with `max_tokens` less those
+tokens, decodes the rest. Greedy, it adds the very tokens the broken request would have added,
+so the caller sees one answer, no token repeated or lost. The orchestrator uses it twice:
+
+- a replica dies or stops answering after an Ask's first token: another replica continues it
+  (`ask.py`; `fail_over.py` chooses it);
+- the orchestrator serving an Ask dies: the caller re-issues the Ask (`AskRequest.resume`: the
+  same request id, the tokens it has) to a live orchestrator, which reads the prompt that the
+  dead one saved in the lifecycle store when it was complete (`save_prompt`: at `finish` when
+  streaming, before `Generate` for the baseline) and continues from there.
+
+Tokens are only sent to the caller once the prompt is in Redis (`ask.py` waits for the store's
+flush, `PROMPT_FLUSH_S` at most, and not while Redis is down), so a broken stream with tokens
+always has a prompt to continue from, Redis faults aside.
+
+Limits: a sampled (non-greedy) answer continues with the same parameters but not the same draw;
+a stop string split across the break is not seen.
+"""
+
+from __future__ import annotations
+
+import base64
+import uuid
+
+from orchestrator.lifecycle_store import LifecycleStore
+from protos import common_pb2, inference_pb2, orchestrator_pb2
+
+PROMPT_FIELD = "prompt"        # the request's hash field holding its AskPrompt (base64 of the message)
+PROMPT_FLUSH_S = 2.0           # the longest the first token waits for the prompt to reach Redis
+MAX_RESUMES = 3                # continuations one Ask makes on other replicas before it fails
+
+
+def continuation(prompt: orchestrator_pb2.AskPrompt, token_ids, request_id: str,
+                 ) -> inference_pb2.GenerateRequest | None:
+    """The request that decodes the rest of the answer after `token_ids`; None when nothing is left
+    (every token arrived: only the end was lost). Its id is new (`<id>@resume-<hex>`): a replica may
+    still hold the broken request under the old one."""
+    left = prompt.sampling.max_tokens - len(token_ids)
+    if left <= 0:
+        return None
+    sampling = common_pb2.SamplingParams()
+    sampling.CopyFrom(prompt.sampling)
+    sampling.max_tokens = left
+    segments = list(prompt.segments)
+    if token_ids:
+        segments.append(common_pb2.Segment(token_ids=common_pb2.TokenIds(ids=list(token_ids))))
+    return inference_pb2.GenerateRequest(request_id=f"{request_id}@resume-{uuid.uuid4().hex[:8]}",
+                                         segments=segments, sampling=sampling)
+
+
+def whole_answer(done: inference_pb2.InferenceDone, before_text: str,
+                 before_tokens: int) -> inference_pb2.InferenceDone:
+    """A continuation's `done` as the whole answer's: the text and token counts of what came before
+    it added (the delivered tokens were part of its prompt)."""
+    whole = inference_pb2.InferenceDone()
+    whole.CopyFrom(done)
+    whole.text = before_text + done.text
+    whole.stats.generated_tokens = done.stats.generated_tokens + before_tokens
+    whole.stats.prompt_tokens = max(0, done.stats.prompt_tokens - before_tokens)
+    return whole
+
+
+def length_done(before_text: str, before_tokens: int) -> inference_pb2.InferenceDone:
+    """The end of an answer whose every token arrived before the break."""
+    done = inference_pb2.InferenceDone(text=before_text, finish_reason=common_pb2.FINISH_REASON_LENGTH)
+    done.stats.generated_tokens = before_tokens
+    return done
+
+
+async def save_prompt(store: LifecycleStore, request_id: str, prompt: orchestrator_pb2.AskPrompt) -> None:
+    await store.update(request_id, **{PROMPT_FIELD: base64.b64encode(prompt.SerializeToString()).decode()})
+
+
+async def load_prompt(store: LifecycleStore, request_id: str) -> orchestrator_pb2.AskPrompt | None:
+    """The prompt an orchestrator saved for the request; None if it saved none (or the record expired).
+    Raises `StoreUnavailable` while Redis is down."""
+    stored = await store.get(request_id)
+    encoded = stored.extra.get(PROMPT_FIELD) if stored is not None else None
+    if not encoded:
+        return None
+    return orchestrator_pb2.AskPrompt.FromString(base64.b64decode(encoded))
