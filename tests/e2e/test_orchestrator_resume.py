@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import re
 import threading
 import time
 from pathlib import Path
@@ -68,7 +69,8 @@ class World:
 
     def stop(self) -> None:
         for part in reversed(self.parts):
-            part.stop()
+            if getattr(part, "thread", None) is None or part.thread.is_alive():   # a replica a test stopped
+                part.stop()
 
 
 class _Retriever:
@@ -106,13 +108,13 @@ def orchestrators(world):
 
 
 # --- helpers -------------------------------------------------------------------------------
-def reference(world: World, request_id: str) -> list[inference_pb2.GeneratedToken]:
+def reference(world: World, request_id: str, replica: int = 1) -> list[inference_pb2.GeneratedToken]:
     """Generate's tokens (greedy, fp32) for the prompt the store recorded for `request_id`."""
     encoded = redis.Redis.from_url(world.redis.url).hget(request_key(request_id), PROMPT_FIELD)
     assert encoded, f"no prompt recorded for {request_id}"
     prompt = orchestrator_pb2.AskPrompt.FromString(base64.b64decode(encoded))
     assert [d.id for d in prompt.sources] == ["d1", "d2"]     # the retrieved chunks, as sent
-    events = world.replicas[1].stub.Generate(inference_pb2.GenerateRequest(
+    events = world.replicas[replica].stub.Generate(inference_pb2.GenerateRequest(
         request_id=f"reference-{request_id}", segments=prompt.segments, sampling=prompt.sampling), timeout=300)
     return [response.event.token for response in events if response.event.WhichOneof("kind") == "token"]
 
@@ -282,3 +284,26 @@ def test_gateway_stream_survives_its_orchestrator_killed(world, orchestrators, k
         assert "".join(pieces) == expected
     finally:
         gateway.stop()
+
+
+# --- a replica dies under an Ask (last: it stops one of the module's replicas) --------------------
+def test_a_replica_killed_after_the_5th_token_is_continued_on_the_other(world, orchestrators):
+    out, results = _Stdout(), {}
+    thread = cli_ask(orchestrators, "replica-kill", out, results)
+    gate = hold_next_answer(world, KILL_AFTER)
+    dead = world.gates.index(gate)
+    out.wait_for(KILL_AFTER)
+    world.replicas[dead].stop()            # the engine and its server go; the gate sees its call break
+    gate.release()
+    thread.join(300)
+    assert "error" not in results, results.get("error")
+    done = results["done"]
+    expected = reference(world, "replica-kill", replica=1 - dead)
+    assert "".join(out.writes) == done.answer == "".join(t.text for t in expected)
+    assert len(out.writes) == len(expected) == done.stats.generated_tokens
+    assert done.replica == world.gates[1 - dead].address
+    store = redis.Redis.from_url(world.redis.url, decode_responses=True)
+    moves = [fields["detail"] for _, fields in store.xrange(f"{request_key('replica-kill')}:events")
+             if fields.get("kind") == "ERROR"]
+    # the gate had a few more tokens on their way when the replica went: at least the 5 held
+    assert any(re.search(r"continuing after ([5-9]|\d\d) tokens", move) for move in moves), moves
