@@ -17,6 +17,8 @@ names, `localhost`, 127.0.0.1) valid for both server and client use.
 from __future__ import annotations
 
 import argparse
+import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -71,6 +73,13 @@ def tls_note(tls: TlsFiles | None) -> str:
     if tls is None or not tls.serves:
         return ""
     return "mutual TLS" if tls.ca is not None else "TLS"
+
+
+def client_tls(environ: Mapping[str, str] = os.environ) -> TlsFiles | None:
+    """The TLS a client (`streamrag ask`, ...) dials with: `STREAMRAG_CLIENT_TLS_CA`, and for mutual TLS
+    `..._CERT`/`..._KEY` (`streamrag.stack` sets them for a stack started with --tls-dir); None: plaintext."""
+    cert, key, ca = (environ.get(env_name("client", name)) for name in ("tls_cert", "tls_key", "tls_ca"))
+    return TlsFiles(*(Path(p) if p else None for p in (cert, key, ca))) if ca else None
 
 
 def tls_from_args(args: argparse.Namespace) -> TlsFiles | None:

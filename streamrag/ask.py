@@ -27,6 +27,7 @@ from protos import common_pb2, orchestrator_pb2, orchestrator_pb2_grpc
 from servicekit.ask_resume import ResumableAsk
 from servicekit.auth import client_key, keyed_channel
 from servicekit.channels import open_channel, spread_options, spread_target
+from servicekit.tls import client_tls
 
 DEFAULT_ORCHESTRATOR = "127.0.0.1:50051"
 
@@ -56,7 +57,8 @@ def add_ask_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--deadline-ms", type=int, default=0, help="retrieval deadline")
     parser.add_argument("--json", action="store_true", help="print one JSON object at the end instead")
     parser.add_argument("--orchestrator", default=None,
-                        help=f"host:port (default: the local stack's, else {DEFAULT_ORCHESTRATOR})")
+                        help=f"host:port, or several comma-separated (asks are spread over them and resume on "
+                             f"another when one dies; default: the local stack's, else {DEFAULT_ORCHESTRATOR})")
     parser.add_argument("--timeout", type=float, default=600.0)
 
 
@@ -97,8 +99,24 @@ def stack_service_target(name: str) -> str | None:
     return next((s.target for s in recorded[1] if s.name == name), None)
 
 
+def stack_orchestrators() -> str | None:
+    """Every orchestrator of the stack `streamrag up` started ("a:port,b:port"), if one is recorded."""
+    from streamrag.stack.state import read_stack
+
+    recorded = read_stack()
+    targets = [s.target for s in recorded[1] if s.kind == "orchestrator"] if recorded is not None else []
+    return ",".join(targets) or None
+
+
 def orchestrator_address(given: str | None) -> str:
-    return given or stack_service_target("orchestrator") or DEFAULT_ORCHESTRATOR
+    """Where the commands ask: `given` (one address, or several comma-separated), else every orchestrator
+    of the local stack, else the default. Dial it with `orchestrator_channel` (or `spread_target`)."""
+    return given or stack_orchestrators() or DEFAULT_ORCHESTRATOR
+
+
+def orchestrator_channel(address: str) -> grpc.Channel:
+    """A (sync) channel over every orchestrator in `address`, round_robin with health checking."""
+    return keyed_channel(spread_target(address), spread_options(wait_for_ready=False))
 
 
 class StatusLine:
@@ -128,7 +146,7 @@ async def stream_answer(request: orchestrator_pb2.AskRequest, address: str, time
     answer_started = False
     chunks = 0
     done = None
-    channel = open_channel(spread_target(address), options=spread_options(), api_key=client_key())
+    channel = open_channel(spread_target(address), client_tls(), options=spread_options(), api_key=client_key())
     try:
         stub = orchestrator_pb2_grpc.OrchestratorStub(channel)
         async for response in ResumableAsk(lambda ask: stub.Ask(ask, timeout=timeout_s), request):
@@ -209,7 +227,7 @@ def run_ask(args: argparse.Namespace) -> int:
 def run_requests(args: argparse.Namespace) -> int:
     if args.request_id:
         try:
-            with keyed_channel(orchestrator_address(args.orchestrator)) as channel:
+            with orchestrator_channel(orchestrator_address(args.orchestrator)) as channel:
                 record = orchestrator_pb2_grpc.OrchestratorStub(channel).GetRequest(
                     orchestrator_pb2.GetRequestRequest(request_id=args.request_id), timeout=30).record
         except grpc.RpcError as exc:

@@ -310,6 +310,66 @@ def test_a_port_is_busy_while_something_listens_not_while_closed_connections_lin
     assert not processes.port_in_use(port)
 
 
+def grpc_health_error(target: str, credentials: grpc.ChannelCredentials | None) -> grpc.StatusCode | None:
+    """How a health check over these credentials (None: plaintext) fails, or None when it answers."""
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    with grpc.secure_channel(target, credentials) if credentials else grpc.insecure_channel(target) as channel:
+        try:
+            health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=5)
+        except grpc.RpcError as exc:
+            return exc.code()
+    return None
+
+
+def test_up_with_a_tls_dir_serves_every_service_over_tls(tiny_index: Path, tmp_path: Path, run_dir: Path):
+    from servicekit.tls import TlsFiles
+
+    certs = tmp_path / "certs"                          # no CA there: up makes the certificates
+    up = streamrag("up", "--run-dir", str(run_dir), "--free-ports", "--corpus-root", str(tiny_index.parent / "site"),
+                   "--index", str(tiny_index), "--timeout", "240", "--tls-dir", str(certs))
+    assert up.returncode == 0, up.stdout + up.stderr
+    assert (certs / "ca.crt").is_file() and "mutual TLS between the services" in up.stdout
+    services = services_of(run_dir)
+    ca = (certs / "ca.crt").read_bytes()
+    client = TlsFiles(certs / "client.crt", certs / "client.key", certs / "ca.crt")
+    for name in ("anns", "crawler", "inference-0", "orchestrator"):
+        target = services[name].target
+        assert health.check_health("grpc", target, 5, client) is None, name             # mutual TLS
+        assert grpc_health_error(target, None) is not None, name                         # plaintext
+        assert grpc_health_error(target, grpc.ssl_channel_credentials()) is not None, name   # without the CA
+        assert grpc_health_error(target, grpc.ssl_channel_credentials(ca)) is not None, name  # no client certificate
+    gateway = services["gateway"].target
+    assert gateway.startswith("https://") and health.check_health("http", gateway, 5, client) is None
+    without_ca = health.check_health("http", gateway, 5)
+    assert without_ca is not None and "CERTIFICATE_VERIFY_FAILED" in without_ca, without_ca
+    assert health.check_health("http", gateway.replace("https://", "http://"), 5) is not None
+
+    status = streamrag("status", "--run-dir", str(run_dir))
+    assert status.returncode == 0 and "TLS: mutual TLS" in status.stdout, status.stdout + status.stderr
+    with keyed_channel(services["orchestrator"].target, key=stack_key(run_dir), tls=client) as channel:
+        request = orchestrator_pb2.AskRequest(question="How do I close a file?", max_tokens=8,
+                                              retriever=orchestrator_pb2.RETRIEVER_CHOICE_ANNS)
+        events = [r.event for r in orchestrator_pb2_grpc.OrchestratorStub(channel).Ask(request, timeout=120)]
+    assert events[-1].WhichOneof("kind") == "done" and events[-1].done.answer, events[-1]   # the whole path over TLS
+    asked = subprocess.run([str(STREAMRAG), "ask", "--max-tokens", "8", "--timeout", "120", "How do I close a file?"],
+                           capture_output=True, text=True, timeout=180,
+                           env=dict(os.environ, HF_HUB_OFFLINE="1", STREAMRAG_RUN_DIR=str(run_dir)))
+    assert asked.returncode == 0 and asked.stdout.strip(), asked.stdout + asked.stderr     # the CLI finds the TLS files
+    assert streamrag("down", "--run-dir", str(run_dir)).returncode == 0
+
+
+def test_a_tls_dir_without_every_certificate_is_refused_before_anything_starts(tiny_index: Path, tmp_path: Path,
+                                                                              run_dir: Path):
+    certs = tmp_path / "certs"
+    certs.mkdir()
+    (certs / "ca.crt").write_text("a CA from elsewhere\n")
+    up = streamrag("up", "--run-dir", str(run_dir), "--free-ports", "--corpus-root", str(tiny_index.parent / "site"),
+                   "--index", str(tiny_index), "--tls-dir", str(certs))
+    assert up.returncode == 1 and "anns.crt" in up.stderr and "make_certs.sh" in up.stderr, up.stderr
+    assert processes_in(run_dir) == [] and not (run_dir / "state.json").exists()
+
+
 # ---------------------------------------------------------------- no services needed
 
 def up_args(**overrides) -> argparse.Namespace:

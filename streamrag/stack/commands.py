@@ -35,6 +35,7 @@ from streamrag.stack.plan import (
     CLI,
     DEFAULT_CORPUS_ROOT,
     HOST,
+    MAX_ORCHESTRATORS,
     MAX_REPLICAS,
     Service,
     StackError,
@@ -62,6 +63,7 @@ from streamrag.stack.state import (
     read_state,
     resolve_run_dir,
 )
+from streamrag.stack.tls import TLS_KINDS, cert_name, prepare_certs, stack_client_tls
 
 
 def add_up_args(parser: argparse.ArgumentParser) -> None:
@@ -69,6 +71,10 @@ def add_up_args(parser: argparse.ArgumentParser) -> None:
     d = StackOptions()
     parser.add_argument("--replicas", type=int, default=d.replicas,
                         help=f"inference replicas, 1 to {MAX_REPLICAS} (default {d.replicas})")
+    parser.add_argument("--orchestrators", type=int, default=d.orchestrators,
+                        help=f"orchestrators over the same Redis, 1 to {MAX_ORCHESTRATORS} (default "
+                             f"{d.orchestrators}): the gateway and `streamrag ask` spread asks over them, and an ask "
+                             "whose orchestrator dies resumes on another")
     parser.add_argument("--prefill-replicas", type=int, default=d.prefill_replicas,
                         help="disaggregated serving: this many prefill replicas (with --decode-replicas; "
                              "replaces --replicas; docs/disagg.md)")
@@ -105,6 +111,10 @@ def add_up_args(parser: argparse.ArgumentParser) -> None:
                              "--port-offset); `streamrag status` shows them, `streamrag ask` finds the orchestrator")
     parser.add_argument("--timeout", type=float, default=d.timeout,
                         help=f"seconds every service gets to become healthy (default {d.timeout:.0f})")
+    parser.add_argument("--tls-dir", type=Path, default=d.tls_dir, metavar="DIR",
+                        help="mutual TLS between the services and HTTPS on the gateway, with the certificates of "
+                             "scripts/make_certs.sh in DIR (made there when DIR has no ca.crt); clients verify "
+                             "with DIR/ca.crt and present DIR/client.crt")
     add_run_dir_arg(parser)
 
 
@@ -162,6 +172,13 @@ def api_key_line(options: dict) -> str:
         return (f"API key: in {options['api_key_file']} (the CLI uses it; other clients send "
                 f"`Authorization: Bearer $(cat {options['api_key_file']})`)")
     return f"API key: ${API_KEY_ENV}"
+
+
+def tls_line(options: dict) -> str:
+    """How the stack is secured, for `up` and `status` (a stack with --tls-dir)."""
+    tls_dir = options["tls_dir"]
+    return (f"TLS: mutual TLS between the services, HTTPS on the gateway; clients verify with {tls_dir}/ca.crt "
+            f"and present {tls_dir}/client.crt and client.key")
 
 
 def choose_redis_port(options: StackOptions) -> int:
@@ -241,6 +258,8 @@ def check_options(options: StackOptions) -> str | None:
 
     if not 1 <= options.replicas <= MAX_REPLICAS:
         return f"--replicas must be between 1 and {MAX_REPLICAS}, got {options.replicas}"
+    if not 1 <= options.orchestrators <= MAX_ORCHESTRATORS:
+        return f"--orchestrators must be between 1 and {MAX_ORCHESTRATORS}, got {options.orchestrators}"
     if options.prefill_replicas or options.decode_replicas:
         split = options.prefill_replicas, options.decode_replicas
         if min(split) < 1 or sum(split) > MAX_REPLICAS:
@@ -266,6 +285,8 @@ def up(options: StackOptions) -> int:
     corpus_root = Path(options.corpus_root).expanduser().resolve()
     options = replace(options, corpus_root=corpus_root)
     index_dir = (options.index or default_index_for(corpus_root)).expanduser().resolve()
+    if options.tls_dir is not None:            # the services run in the run directory: an absolute path
+        options = replace(options, tls_dir=Path(options.tls_dir).expanduser().resolve())
     with locked(run_dir):
         status = already_up(run_dir, options.timeout)
         if status is not None:
@@ -276,6 +297,9 @@ def up(options: StackOptions) -> int:
             api_key_file = ensure_api_key(run_dir)
             services = plan_stack(options, index_dir, choose_redis_port(options), free_port, api_key_file)
             check_ports(services)
+            if options.tls_dir is not None and (problem := prepare_certs(
+                    options.tls_dir, [cert_name(s.name, s.kind) for s in services if s.kind in TLS_KINDS])):
+                raise StackError("tls", problem)
             (run_dir / "logs").mkdir(exist_ok=True)
             (run_dir / "redis").mkdir(exist_ok=True)
             recorded = {"replicas": len(replica_roles(options)), "roles": replica_roles(options),
@@ -283,7 +307,8 @@ def up(options: StackOptions) -> int:
                         "device": options.device, "backend": options.backend, "latency": options.latency,
                         "port_offset": options.port_offset, "free_ports": options.free_ports,
                         "index": str(index_dir), "corpus_root": str(corpus_root), "started_unix": int(time.time()),
-                        "api_key_file": str(api_key_file) if api_key_file else None}
+                        "api_key_file": str(api_key_file) if api_key_file else None,
+                        "tls_dir": str(options.tls_dir) if options.tls_dir else None}
             print(f"starting the stack (run dir {run_dir})", flush=True)
             launch = Launch(run_dir, StackState(recorded, services), options.timeout)
             for service in services:
@@ -302,15 +327,17 @@ def up(options: StackOptions) -> int:
             return 130
     by_name = {s.name: s for s in services}
     orchestrator = by_name["orchestrator"].target
+    orchestrators = ", ".join(s.target for s in services if s.kind == "orchestrator")
     gateway = by_name["gateway"].target.removesuffix("/health")
     ask = "streamrag ask" + ("" if orchestrator == f"{HOST}:{DEFAULT_PORTS['orchestrator']}"
                              else f" --orchestrator {orchestrator}")
-    print(f"the stack is up in {time.monotonic() - launch.t0:.1f} s: orchestrator {orchestrator}, "
+    print(f"the stack is up in {time.monotonic() - launch.t0:.1f} s: orchestrator {orchestrators}, "
           f"OpenAI-compatible gateway {gateway}/v1, Redis {services[0].target}\n"
           f"  try: {ask} \"How do I read a file line by line?\"\n"
           f"  {api_key_line(recorded)}\n"
-          f"  `streamrag status` shows its health, `streamrag down` stops it; a service that dies is "
-          f"started again")
+          + (f"  {tls_line(recorded)}\n" if recorded["tls_dir"] else "") +
+          "  `streamrag status` shows its health, `streamrag down` stops it; a service that dies is "
+          "started again")
     return 0
 
 
@@ -356,7 +383,9 @@ def service_details(service: Service, options: dict, timeout_s: float = 2.0) -> 
 
     from protos import inference_pb2, inference_pb2_grpc, retriever_pb2, retriever_pb2_grpc
 
-    with grpc.insecure_channel(service.target) as channel:
+    tls = stack_client_tls(options)
+    with (grpc.secure_channel(service.target, tls.channel_credentials()) if tls
+          else grpc.insecure_channel(service.target)) as channel:
         try:
             if service.kind == "inference":
                 stats = inference_pb2_grpc.InferenceStub(channel).GetStats(inference_pb2.GetStatsRequest(),
@@ -404,7 +433,8 @@ def run_status(args: argparse.Namespace) -> int:
             health = "DOWN"
             details = (f"process {s.pid} is gone" + ("; the supervisor starts it again" if supervised else "")
                        + f"; see {log_path(run_dir, s.name)}")
-        elif (reason := check_health(s.check, s.target, probe_timeout(s, options, args.timeout))) is not None:
+        elif (reason := check_health(s.check, s.target, probe_timeout(s, options, args.timeout),
+                                     stack_client_tls(options))) is not None:
             health, details = "DOWN", reason
         else:
             health, details = "healthy", service_details(s, options, args.timeout)
@@ -422,6 +452,8 @@ def run_status(args: argparse.Namespace) -> int:
         print("supervisor: not running, so a service that dies stays down; `streamrag up` starts what is down "
               "and the supervisor")
     print(api_key_line(options))
+    if options.get("tls_dir"):
+        print(tls_line(options))
     print(f"{len(services) - len(down)} of {len(services)} healthy" + (f"; down: {', '.join(down)}" if down else ""))
     return 1 if down else 0
 

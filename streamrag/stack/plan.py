@@ -21,6 +21,7 @@ from pathlib import Path
 from inference_svc.engine.options import DEFAULT_DEVICE, DEFAULT_DTYPE, DEFAULT_POLICY
 from inference_svc.options import DEFAULT_BACKEND
 from servicekit.config import DEFAULT_PORTS, default_cache_dir, metrics_port_for
+from streamrag.stack.tls import cert_name, tls_flags
 
 HOST = "127.0.0.1"
 DEFAULT_CORPUS_ROOT = Path("/usr/share/doc/python3.11/html")
@@ -30,6 +31,8 @@ CLI = [sys.executable, "-m", "streamrag.cli"]
 CHECKS = {"redis": "redis", "corpus": "http", "retriever": "grpc", "inference": "grpc", "orchestrator": "grpc",
           "gateway": "http", "milvus": "http"}
 MILVUS_PORT, MILVUS_HEALTH_PORT = 19530, 9091   # the embedded Milvus (--anns-backend milvus): proxy, /healthz
+MAX_ORCHESTRATORS = 4                 # the first on 50051, the others on 50071..50073
+EXTRA_ORCHESTRATOR_PORT = 50070       # orchestrator i > 0 listens on this + i (50052.. are the replicas')
 REPLAY_PORT = 50063                   # the replay retriever's default port (retriever_svc.server_args.default_port)
 
 
@@ -38,6 +41,7 @@ class StackOptions:
     """Everything `up` needs; `streamrag up`'s flags map onto these fields one to one."""
 
     replicas: int = 1
+    orchestrators: int = 1             # over the same Redis; the gateway and `ask` spread asks over them
     prefill_replicas: int = 0          # with decode_replicas: disaggregated replicas instead of `replicas`
     decode_replicas: int = 0
     policy: str = DEFAULT_POLICY
@@ -53,6 +57,7 @@ class StackOptions:
     free_ports: bool = False           # every port one the kernel picks (tests, or beside anything)
     timeout: float = 300.0             # seconds every service gets to become healthy
     anns_backend: str = "diskannpy"    # milvus: an embedded Milvus server (data in <run-dir>/milvus) holds the vectors
+    tls_dir: Path | None = None        # mutual TLS between the services, HTTPS on the gateway (stack/tls.py)
     run_dir: Path | None = None        # None: $STREAMRAG_RUN_DIR or <cache>/run
 
     @classmethod
@@ -119,6 +124,11 @@ def probe_timeout(service: Service, options: dict, base_s: float) -> float:
     return base_s + latency_profile(options["latency"]).cap_s
 
 
+def orchestrator_name(i: int) -> str:
+    """The stack's orchestrators: "orchestrator", then "orchestrator-1", "orchestrator-2", ..."""
+    return "orchestrator" + (f"-{i}" if i else "")
+
+
 def plan_stack(options: StackOptions, index_dir: Path, redis_port: int,
                free_port: Callable[[], int] | None = None, api_key_file: Path | None = None) -> list[Service]:
     """The services `up` starts, in start order, on the default ports plus `port_offset`, or with
@@ -139,7 +149,9 @@ def plan_stack(options: StackOptions, index_dir: Path, redis_port: int,
         return chosen[key]
 
     def port(service: str, replica: int = 0) -> int:
-        return pick((service, replica), DEFAULT_PORTS.get(service, REPLAY_PORT) + offset + replica)
+        extra_orchestrator = service == "orchestrator" and replica
+        base = EXTRA_ORCHESTRATOR_PORT if extra_orchestrator else DEFAULT_PORTS.get(service, REPLAY_PORT)
+        return pick((service, replica), base + offset + replica)
 
     def metrics(service: str, replica: int = 0) -> int:
         return pick((f"{service} metrics", replica), metrics_port_for(service, replica) + offset)
@@ -147,6 +159,9 @@ def plan_stack(options: StackOptions, index_dir: Path, redis_port: int,
     def grpc_flags(service: str, replica: int = 0) -> list[str]:
         return ["--host", HOST, "--port", str(port(service, replica)),
                 "--metrics-port", str(metrics(service, replica))]
+
+    def tls(name: str, kind: str) -> list[str]:
+        return tls_flags(Path(options.tls_dir), cert_name(name, kind)) if options.tls_dir else []
 
     serve = [*CLI, "serve"]
     keys = ["--api-key-file", str(api_key_file)] if api_key_file else []
@@ -172,25 +187,31 @@ def plan_stack(options: StackOptions, index_dir: Path, redis_port: int,
         anns_backend = ["--backend", "milvus", "--milvus-uri", f"http://{HOST}:{proxy}"]
     anns = Service("anns", "retriever", f"{HOST}:{port('anns')}", [
         *serve, "retriever", "--kind", "anns", "--index", str(index_dir), "--build-from", str(options.corpus_root),
-        *anns_backend, *grpc_flags("anns")],
+        *anns_backend, *grpc_flags("anns"), *tls("anns", "retriever")],
         needs=[s.name for s in milvus], ports=[port("anns"), metrics("anns")])
     model = ["--model", str(options.model)] if options.model else []
     inference = [Service(f"inference-{i}", "inference", f"{HOST}:{port('inference', i)}", [
         *serve, "inference", *grpc_flags("inference", i), "--policy", options.policy, "--dtype", options.dtype,
-        "--device", options.device, "--backend", options.backend, *model, "--role", role],
+        "--device", options.device, "--backend", options.backend, *model, "--role", role, *tls("", "inference")],
         ports=[port("inference", i), metrics("inference", i)])
         for i, role in enumerate(replica_roles(options))]
     crawler = Service("crawler", "retriever", f"{HOST}:{port('crawler')}", [
-        *serve, "retriever", "--kind", "crawler", "--start-url", corpus_url, *grpc_flags("crawler")],
+        *serve, "retriever", "--kind", "crawler", "--start-url", corpus_url, *grpc_flags("crawler"),
+        *tls("crawler", "retriever")],
         needs=["corpus"], ports=[port("crawler"), metrics("crawler")])
     services = [redis, corpus, *milvus, anns, *inference, crawler]    # the slow loaders (ANNS, inference) start first
-    orchestrator = Service("orchestrator", "orchestrator", f"{HOST}:{port('orchestrator')}", [
-        *serve, "orchestrator", *grpc_flags("orchestrator"), "--redis", redis.target,
+    # N orchestrators over the same Redis ("orchestrator", "orchestrator-1", ...): any one serves any ask,
+    # and resumes any other's (orchestrator/resume.py).
+    orchestrators = [Service(orchestrator_name(i), "orchestrator", f"{HOST}:{port('orchestrator', i)}", [
+        *serve, "orchestrator", *grpc_flags("orchestrator", i), "--redis", redis.target,
         *[flag for s in inference for flag in ("--inference", s.target)],
-        "--anns", anns.target, "--crawler", crawler.target, "--replay", f"{HOST}:{port('replay')}", *keys],
-        needs=[s.name for s in services], ports=[port("orchestrator"), metrics("orchestrator")])
-    gateway = Service("gateway", "gateway", f"http://{HOST}:{port('gateway')}/health", [
-        *serve, "gateway", "--host", HOST, "--port", str(port("gateway")), "--orchestrator", orchestrator.target,
-        *keys],
-        needs=["orchestrator"], ports=[port("gateway")])
-    return [*services, orchestrator, gateway]
+        "--anns", anns.target, "--crawler", crawler.target, "--replay", f"{HOST}:{port('replay')}", *keys,
+        *tls("orchestrator", "orchestrator")],
+        needs=[s.name for s in services], ports=[port("orchestrator", i), metrics("orchestrator", i)])
+        for i in range(options.orchestrators)]
+    scheme = "https" if options.tls_dir else "http"
+    gateway = Service("gateway", "gateway", f"{scheme}://{HOST}:{port('gateway')}/health", [
+        *serve, "gateway", "--host", HOST, "--port", str(port("gateway")),
+        "--orchestrator", ",".join(o.target for o in orchestrators), *keys, *tls("gateway", "gateway")],
+        needs=[o.name for o in orchestrators], ports=[port("gateway")])
+    return [*services, *orchestrators, gateway]

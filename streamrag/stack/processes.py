@@ -21,6 +21,7 @@ from servicekit.health import check_health
 from servicekit.pids import process_start_ticks
 from streamrag.stack.plan import HOST, Service, StackError, probe_timeout
 from streamrag.stack.state import StackState, clear_state, log_path, write_state
+from streamrag.stack.tls import stack_client_tls
 
 
 def is_running(service: Service) -> bool:
@@ -152,7 +153,7 @@ class Launch:
             if proc is not None and proc.poll() is not None:
                 raise StackError(service.name, f"exited with code {proc.returncode} before it was healthy",
                                  log_path(self.run_dir, service.name))
-            reason = check_health(service.check, service.target, timeout_s)
+            reason = check_health(service.check, service.target, timeout_s, stack_client_tls(self.options))
             if reason is None:
                 self.healthy.add(service.name)
                 print(f"  {service.name:<22} healthy after {time.monotonic() - self.t0:.1f} s", flush=True)

@@ -98,11 +98,18 @@ def clear_state(run_dir: Path, services: list[Service]) -> None:
 
 
 def use_stack_key(run_dir: Path | None = None) -> None:
-    """Clients of the local stack present its key (`streamrag up` made it) unless one is set already."""
+    """Clients of the local stack present its key (`streamrag up` made it) unless one is set already, and
+    for a stack up with --tls-dir dial it with TLS, presenting its client certificate (`servicekit.tls.client_tls`)
+    unless a client CA is set already."""
     from servicekit.auth import API_KEY_ENV, API_KEY_FILE_ENV
+    from servicekit.config import env_name
+    from streamrag.stack.tls import stack_client_tls
 
-    if os.environ.get(API_KEY_ENV) or os.environ.get(API_KEY_FILE_ENV):
-        return
     recorded = read_stack(run_dir)
-    if recorded is not None and recorded[0].get("api_key_file"):
-        os.environ[API_KEY_FILE_ENV] = recorded[0]["api_key_file"]
+    options = recorded[0] if recorded is not None else {}
+    if options.get("api_key_file") and not (os.environ.get(API_KEY_ENV) or os.environ.get(API_KEY_FILE_ENV)):
+        os.environ[API_KEY_FILE_ENV] = options["api_key_file"]
+    tls = stack_client_tls(options)
+    if tls is not None and not os.environ.get(env_name("client", "tls_ca")):
+        for name, path in (("tls_ca", tls.ca), ("tls_cert", tls.cert), ("tls_key", tls.key)):
+            os.environ[env_name("client", name)] = str(path)
