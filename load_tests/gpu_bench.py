@@ -22,15 +22,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import random
-import statistics
 import sys
 import time
 from pathlib import Path
-
-import torch
-
-from load_tests import gpu_measures as m
 
 DOC_TOKENS, HEAD_TOKENS, NUM_DOCS = 1000, 256, 8
 
@@ -47,6 +41,8 @@ def add_bench_gpu_args(parser: argparse.ArgumentParser) -> None:
 
 
 def _plan(small: bool) -> dict:
+    import torch
+
     if small:
         return dict(shape="tiny", exact_shape="tiny", dtype=torch.float32, prefill=[(128, None), (128, 32)],
                     context=48, concurrency=[1, 4], steps=3, head=16, doc=32, docs=4, blocks=256, runs=1,
@@ -58,6 +54,11 @@ def _plan(small: bool) -> dict:
 
 
 def run_bench_gpu(args: argparse.Namespace) -> int:
+    import torch
+
+    from inference_svc.engine.models import random_llama_config
+    from load_tests import gpu_measures as m
+
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():
         print("error: no CUDA device here; the CPU dry run is --device cpu --small", file=sys.stderr)
@@ -78,28 +79,28 @@ def run_bench_gpu(args: argparse.Namespace) -> int:
     if device.type == "cuda":
         torch.backends.cuda.enable_cudnn_sdp(False)   # no per-shape plans, in the transformers baselines too
     attention = "triton"   # the CUDA default; on the CPU dry run the kernels run in Triton's interpreter
-    out: dict = _machine(device, plan, say)
+    out: dict = m.machine_section(device, plan, say)
 
     say("exactness (fp32)")
-    exact_setup = m.EngineSetup(m.random_llama_config(plan["exact_shape"]), device, torch.float32, attention)
+    exact_setup = m.EngineSetup(random_llama_config(plan["exact_shape"]), device, torch.float32, attention)
     exact = m.exactness(exact_setup, doc_tokens=plan["exact_doc"])
     out["exact_fp32"] = bool(exact["appends"] and exact["update"] and exact["recompute"] and exact["swap"]
                              and exact["max_logit_diff"] <= 1e-3)
     out["exactness"] = exact
     say(f"exact in fp32: {out['exact_fp32']} {exact}")
     del exact_setup
-    _free(device)
+    m.free_device(device)
 
-    config = m.random_llama_config(plan["shape"])
+    config = random_llama_config(plan["shape"])
     setup = m.EngineSetup(config, device, plan["dtype"], attention)
     runner = setup.runner(plan["blocks"])
     say(f"loaded the {plan['shape']} shape ({plan['dtype']}) with random weights")
     hf = None if args.no_transformers else m.transformers_model(config, device, plan["dtype"])
-    out["prefill"] = _prefill(runner, hf, config, plan, out["matmul_tflops"], say)
+    out["prefill"] = m.prefill_section(runner, hf, config, plan, out["matmul_tflops"], say)
     engine = setup.engine(plan["blocks"], runner=runner, token_budget=8192)
-    out["decode"] = _decode(engine, hf, config, plan, out["hbm_tb_s"], args, say)
-    out["host_syncs_per_step"], out["launches_per_step"] = _device_calls(setup, runner, plan, say)
-    out["streaming"] = _streaming(setup, runner, plan, say)
+    out["decode"] = m.decode_section(engine, hf, config, plan, out["hbm_tb_s"], args, say)
+    out["host_syncs_per_step"], out["launches_per_step"] = m.device_calls_section(setup, runner, plan, say)
+    out["streaming"] = m.streaming_section(setup, runner, plan, say)
     out["seconds"] = round(time.perf_counter() - began, 1)
     _print(out)
     if args.json:
@@ -107,128 +108,6 @@ def run_bench_gpu(args: argparse.Namespace) -> int:
         args.json.write_text(json.dumps(out, indent=2) + "\n")
         say(f"wrote {args.json}")
     return 0
-
-
-def _machine(device: torch.device, plan: dict, say) -> dict:
-    import triton
-
-    name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu (dry run)"
-    say(f"machine: {name}; measuring matmul and copy rates")
-    return {"gpu": name, "device": str(device), "torch": torch.__version__, "triton": triton.__version__,
-            "small": plan["shape"] == "tiny", "shape": plan["shape"], "dtype": str(plan["dtype"]).removeprefix("torch."),
-            "matmul_tflops": _sig(m.matmul_tflops(device, plan["matmul_n"])),
-            "hbm_tb_s": _sig(m.copy_tb_s(device, plan["copy_mib"]))}
-
-
-def _sig(x: float) -> float:
-    return float(f"{x:.4g}")
-
-
-def _prefill(runner, hf, config, plan: dict, tflops: float, say) -> list[dict]:
-    rows = []
-    rng = random.Random(1)
-    for tokens, chunk in plan["prefill"]:
-        ms = m.prefill_ms(runner, tokens, chunk, rng)
-        flops = m.model_flops(config, tokens)
-        row = {"tokens": tokens, "chunk": chunk, "ms": round(ms, 2), "mfu": round(flops / (ms * 1e9) / tflops, 3)}
-        if hf is not None and chunk is None:
-            hf_ms = m.transformers_prefill_ms(hf, tokens, runner.device, rng)
-            row["transformers_mfu"] = round(flops / (hf_ms * 1e9) / tflops, 3)
-        rows.append(row)
-        say(f"prefill {tokens} tokens, chunk {chunk}: {ms:.1f} ms, MFU {row['mfu']:.2f}"
-            + (f" (transformers {row['transformers_mfu']:.2f})" if "transformers_mfu" in row else ""))
-    return rows
-
-
-def _decode(engine, hf, config, plan: dict, hbm_tb_s: float, args, say) -> list[dict]:
-    rows = []
-    rng = random.Random(2)
-    weight_bytes = sum(p.numel() * p.element_size() for p in engine.runner.model.parameters())
-    if engine.runner.model.lm_head is not None:   # the embedding table is read per token, not whole
-        weight_bytes -= engine.runner.model.embed_tokens.weight.numel() * engine.runner.model.embed_tokens.weight.element_size()
-    kv_per_token = engine.runner.bytes_per_block // m.BLOCK
-    for c in plan["concurrency"]:
-        prompts = [m.ids(rng, plan["context"] + i, config.vocab_size) for i in range(c)]
-        fresh = m.decode_steps(engine, prompts, plan["steps"], f"f{c}-")
-        repeated = m.decode_steps(engine, prompts, plan["steps"], f"r{c}-")
-        context = sum(len(p) for p in prompts) + c * (plan["steps"] // 2)
-        roofline_ms = (weight_bytes + context * kv_per_token) / (hbm_tb_s * 1e9)
-        fresh_ms, repeated_ms = statistics.median(fresh), statistics.median(repeated)
-        row = {"concurrency": c, "context": plan["context"], "fresh_step_ms": round(fresh_ms, 3),
-               "repeated_step_ms": round(repeated_ms, 3), "fresh_over_repeated": round(fresh_ms / repeated_ms, 3),
-               "roofline_ms": round(roofline_ms, 3), "roofline_fraction": round(roofline_ms / fresh_ms, 3),
-               "fresh_step_ms_range": [round(min(fresh), 3), round(max(fresh), 3)]}
-        if hf is not None:
-            row["transformers_step_ms"] = round(m.transformers_decode_ms(hf, c, plan["context"], plan["steps"],
-                                                                         engine.runner.device, rng), 3)
-            if args.compile_transformers and c == 1:
-                row["transformers_compiled_step_ms"] = _compiled_transformers(hf, plan, engine.runner.device, rng)
-        rows.append(row)
-        say(f"decode x{c}: fresh {fresh_ms:.2f} ms, repeated {repeated_ms:.2f} ms, roofline {roofline_ms:.2f} ms "
-            f"({row['roofline_fraction']:.0%})"
-            + (f", transformers {row['transformers_step_ms']:.2f} ms" if "transformers_step_ms" in row else ""))
-    return rows
-
-
-def _compiled_transformers(hf, plan: dict, device: torch.device, rng) -> float | str:
-    try:
-        hf.generation_config.cache_implementation = "static"
-        hf.forward = torch.compile(hf.forward, mode="reduce-overhead", fullgraph=True)
-        return round(m.transformers_decode_ms(hf, 1, plan["context"], plan["steps"], device, rng), 3)
-    except Exception as exc:   # a baseline that does not compile here is reported, not fatal
-        return f"failed: {type(exc).__name__}: {exc}"[:200]
-
-
-def _device_calls(setup, runner, plan: dict, say) -> tuple[float | None, float | None]:
-    engine = setup.engine(plan["blocks"], runner=runner, token_budget=8192, count_device_calls=True)
-    rng = random.Random(3)
-    c = plan["concurrency"][min(1, len(plan["concurrency"]) - 1)]
-    prompts = [m.ids(rng, plan["context"], setup.config.vocab_size) for _ in range(c)]
-    syncs, launches = [], []
-    params = m.SamplingParams(max_tokens=8, ignore_eos=True)
-    for i, prompt in enumerate(prompts):
-        engine.open(f"c{i}", [m.Segment(token_ids=prompt)], params)
-        engine.finish(f"c{i}")
-    while engine.has_unfinished():
-        engine.step()
-        last = engine.last_step
-        if last.decode_tokens == c and last.tokens == c and last.launches is not None:
-            syncs.append(last.host_syncs)
-            launches.append(last.launches)
-    if not syncs:
-        say("launches and syncs: not counted on a CPU")
-        return None, None
-    say(f"per decode step at concurrency {c}: {statistics.median(launches)} launches, "
-        f"{statistics.median(syncs)} host syncs")
-    return statistics.median(syncs), statistics.median(launches)
-
-
-def _streaming(setup, runner, plan: dict, say) -> list[dict]:
-    rows = []
-    rng = random.Random(4)
-    for gap in (100, 25):
-        pairs = []
-        for run in range(plan["runs"]):   # fresh documents each run: no prefix cache hit between runs
-            head = m.ids(rng, plan["head"], setup.config.vocab_size)
-            docs = [m.ids(rng, plan["doc"], setup.config.vocab_size) for _ in range(plan["docs"])]
-            engine = setup.engine(plan["blocks"], runner=runner, token_budget=8192)
-            streamed = m.ttft_after_last_doc(engine, head, docs, gap, True, f"s{run}")
-            engine = setup.engine(plan["blocks"], runner=runner, token_budget=8192)
-            whole = m.ttft_after_last_doc(engine, head, docs, gap, False, f"n{run}")
-            pairs.append((streamed, whole))
-        streamed = statistics.median(p[0] for p in pairs)
-        whole = statistics.median(p[1] for p in pairs)
-        rows.append({"gap_ms": gap, "streamed_ttft_ms": round(streamed, 2), "not_streamed_ttft_ms": round(whole, 2),
-                     "speedup": round(whole / streamed, 3),
-                     "speedups": [round(w / s, 3) for s, w in pairs]})
-        say(f"streaming, {gap} ms gaps: {streamed:.1f} ms against {whole:.1f} ms not streamed "
-            f"({whole / streamed:.2f}x)")
-    return rows
-
-
-def _free(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.empty_cache()
 
 
 def _print(out: dict) -> None:

@@ -18,7 +18,7 @@ import torch
 from inference_svc.engine.engine import Engine, EngineConfig
 from inference_svc.engine.events import EventKind
 from inference_svc.engine.model_runner import ChunkInput, ModelRunner
-from inference_svc.engine.models import ModelConfig, random_llama_config  # noqa: F401 - gpu_bench uses it
+from inference_svc.engine.models import ModelConfig
 from inference_svc.engine.request import Segment
 from inference_svc.engine.sampler import SamplingParams
 from inference_svc.engine.tokenization import SegmentTokenizer
@@ -306,3 +306,129 @@ def ttft_after_last_doc(engine: Engine, head: tuple[int, ...], docs: list[tuple[
 
 def median_and_spread(values: list[float]) -> tuple[float, float, float]:
     return statistics.median(values), min(values), max(values)
+
+
+# --- the bench's sections (gpu_bench.py runs them in order) -------------------------------
+
+def machine_section(device: torch.device, plan: dict, say) -> dict:
+    import triton
+
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu (dry run)"
+    say(f"machine: {name}; measuring matmul and copy rates")
+    return {"gpu": name, "device": str(device), "torch": torch.__version__, "triton": triton.__version__,
+            "small": plan["shape"] == "tiny", "shape": plan["shape"],
+            "dtype": str(plan["dtype"]).removeprefix("torch."),
+            "matmul_tflops": _sig(matmul_tflops(device, plan["matmul_n"])),
+            "hbm_tb_s": _sig(copy_tb_s(device, plan["copy_mib"]))}
+
+
+def _sig(x: float) -> float:
+    return float(f"{x:.4g}")
+
+
+def prefill_section(runner, hf, config, plan: dict, tflops: float, say) -> list[dict]:
+    rows = []
+    rng = random.Random(1)
+    for tokens, chunk in plan["prefill"]:
+        ms = prefill_ms(runner, tokens, chunk, rng)
+        flops = model_flops(config, tokens)
+        row = {"tokens": tokens, "chunk": chunk, "ms": round(ms, 2), "mfu": round(flops / (ms * 1e9) / tflops, 3)}
+        if hf is not None and chunk is None:
+            hf_ms = transformers_prefill_ms(hf, tokens, runner.device, rng)
+            row["transformers_mfu"] = round(flops / (hf_ms * 1e9) / tflops, 3)
+        rows.append(row)
+        say(f"prefill {tokens} tokens, chunk {chunk}: {ms:.1f} ms, MFU {row['mfu']:.2f}"
+            + (f" (transformers {row['transformers_mfu']:.2f})" if "transformers_mfu" in row else ""))
+    return rows
+
+
+def decode_section(engine, hf, config, plan: dict, hbm_tb_s: float, args, say) -> list[dict]:
+    rows = []
+    rng = random.Random(2)
+    model = engine.runner.model
+    weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    if model.lm_head is not None:   # the embedding table is read a row per token, not whole
+        weight_bytes -= model.embed_tokens.weight.numel() * model.embed_tokens.weight.element_size()
+    kv_per_token = engine.runner.bytes_per_block // BLOCK
+    for c in plan["concurrency"]:
+        prompts = [ids(rng, plan["context"] + i, config.vocab_size) for i in range(c)]
+        fresh = decode_steps(engine, prompts, plan["steps"], f"f{c}-")
+        repeated = decode_steps(engine, prompts, plan["steps"], f"r{c}-")
+        context = sum(len(p) for p in prompts) + c * (plan["steps"] // 2)
+        roofline_ms = (weight_bytes + context * kv_per_token) / (hbm_tb_s * 1e9)
+        fresh_ms, repeated_ms = statistics.median(fresh), statistics.median(repeated)
+        row = {"concurrency": c, "context": plan["context"], "fresh_step_ms": round(fresh_ms, 3),
+               "repeated_step_ms": round(repeated_ms, 3), "fresh_over_repeated": round(fresh_ms / repeated_ms, 3),
+               "roofline_ms": round(roofline_ms, 3), "roofline_fraction": round(roofline_ms / fresh_ms, 3),
+               "fresh_step_ms_range": [round(min(fresh), 3), round(max(fresh), 3)]}
+        if hf is not None:
+            row["transformers_step_ms"] = round(transformers_decode_ms(hf, c, plan["context"], plan["steps"],
+                                                                         engine.runner.device, rng), 3)
+            if args.compile_transformers and c == 1:
+                row["transformers_compiled_step_ms"] = _compiled_transformers(hf, plan, engine.runner.device, rng)
+        rows.append(row)
+        say(f"decode x{c}: fresh {fresh_ms:.2f} ms, repeated {repeated_ms:.2f} ms, roofline {roofline_ms:.2f} ms "
+            f"({row['roofline_fraction']:.0%})"
+            + (f", transformers {row['transformers_step_ms']:.2f} ms" if "transformers_step_ms" in row else ""))
+    return rows
+
+
+def _compiled_transformers(hf, plan: dict, device: torch.device, rng) -> float | str:
+    try:
+        hf.generation_config.cache_implementation = "static"
+        hf.forward = torch.compile(hf.forward, mode="reduce-overhead", fullgraph=True)
+        return round(transformers_decode_ms(hf, 1, plan["context"], plan["steps"], device, rng), 3)
+    except Exception as exc:   # a baseline that does not compile here is reported, not fatal
+        return f"failed: {type(exc).__name__}: {exc}"[:200]
+
+
+def device_calls_section(setup, runner, plan: dict, say) -> tuple[float | None, float | None]:
+    engine = setup.engine(plan["blocks"], runner=runner, token_budget=8192, count_device_calls=True)
+    rng = random.Random(3)
+    c = plan["concurrency"][min(1, len(plan["concurrency"]) - 1)]
+    prompts = [ids(rng, plan["context"], setup.config.vocab_size) for _ in range(c)]
+    syncs, launches = [], []
+    params = SamplingParams(max_tokens=8, ignore_eos=True)
+    for i, prompt in enumerate(prompts):
+        engine.open(f"c{i}", [Segment(token_ids=prompt)], params)
+        engine.finish(f"c{i}")
+    while engine.has_unfinished():
+        engine.step()
+        last = engine.last_step
+        if last.decode_tokens == c and last.tokens == c and last.launches is not None:
+            syncs.append(last.host_syncs)
+            launches.append(last.launches)
+    if not syncs:
+        say("launches and syncs: not counted on a CPU")
+        return None, None
+    say(f"per decode step at concurrency {c}: {statistics.median(launches)} launches, "
+        f"{statistics.median(syncs)} host syncs")
+    return statistics.median(syncs), statistics.median(launches)
+
+
+def streaming_section(setup, runner, plan: dict, say) -> list[dict]:
+    rows = []
+    rng = random.Random(4)
+    for gap in (100, 25):
+        pairs = []
+        for run in range(plan["runs"]):   # fresh documents each run: no prefix cache hit between runs
+            head = ids(rng, plan["head"], setup.config.vocab_size)
+            docs = [ids(rng, plan["doc"], setup.config.vocab_size) for _ in range(plan["docs"])]
+            engine = setup.engine(plan["blocks"], runner=runner, token_budget=8192)
+            streamed = ttft_after_last_doc(engine, head, docs, gap, True, f"s{run}")
+            engine = setup.engine(plan["blocks"], runner=runner, token_budget=8192)
+            whole = ttft_after_last_doc(engine, head, docs, gap, False, f"n{run}")
+            pairs.append((streamed, whole))
+        streamed = statistics.median(p[0] for p in pairs)
+        whole = statistics.median(p[1] for p in pairs)
+        rows.append({"gap_ms": gap, "streamed_ttft_ms": round(streamed, 2), "not_streamed_ttft_ms": round(whole, 2),
+                     "speedup": round(whole / streamed, 3),
+                     "speedups": [round(w / s, 3) for s, w in pairs]})
+        say(f"streaming, {gap} ms gaps: {streamed:.1f} ms against {whole:.1f} ms not streamed "
+            f"({whole / streamed:.2f}x)")
+    return rows
+
+
+def free_device(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.empty_cache()

@@ -24,6 +24,7 @@ import torch
 
 from inference_svc.engine.chunk_store import keyed_spans
 from inference_svc.engine.cost_model import CostModel
+from inference_svc.engine.device_calls import count_device_calls
 from inference_svc.engine.events import EngineEvent, EventKind
 from inference_svc.engine.kv_manager import KVCacheManager
 from inference_svc.engine.model_runner import ChunkInput
@@ -45,7 +46,6 @@ from inference_svc.engine.options import (
 from inference_svc.engine.output_text import OutputText
 from inference_svc.engine.policies import make_policy
 from inference_svc.engine.request import FinishReason, Request, RequestState, SchedClass, Segment
-from inference_svc.engine.device_calls import count_device_calls
 from inference_svc.engine.sampler import Sampler, SamplingParams, make_generator
 from inference_svc.engine.scheduler import (
     BlockMove,
@@ -515,7 +515,7 @@ class Engine:
         for request in out.swapped_in:
             self._emit(request, EventKind.KV_ON_GPU, count=request.num_computed_tokens, detail="swapped in")
         self.counters.prefix_cache_hit_tokens += sum(out.prefix_hits.values())
-        self.counters.chunk_captures_skipped = self.scheduler.kv.chunks.stats.captures_skipped
+        self.counters.chunk_captures_skipped = self.scheduler.chunk_captures_skipped
         for p in out.preempted:
             swapped = p.kind is PreemptionKind.SWAP
             kind = EventKind.PREEMPTED_SWAP if swapped else EventKind.PREEMPTED_RECOMPUTE

@@ -255,6 +255,11 @@ class Scheduler:
         """The device and CPU block pools, read-only, for stats."""
         return self.kv.device, self.kv.cpu
 
+    @property
+    def chunk_captures_skipped(self) -> int:
+        """Blend captures the chunk store skipped for lack of free blocks (chunk_store.py), for stats."""
+        return self.kv.chunks.stats.captures_skipped
+
     # --- phase 1 --------------------------------------------------------------------
     def policy_context(self, now: float) -> PolicyContext:
         """What the policy sees this step (k-LPM's cached prefixes come from the KV manager)."""

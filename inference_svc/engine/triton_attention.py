@@ -31,8 +31,8 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-import triton  # noqa: E402 - after the interpreter switch
-import triton.language as tl  # noqa: E402
+import triton
+import triton.language as tl
 
 # The interpreter computes with NumPy, which has no bf16 matmul: there the dots run in fp32 on the
 # bf16 values (the same rounding of p to the cache's type first, as on the device).

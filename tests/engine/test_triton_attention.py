@@ -116,7 +116,8 @@ def test_logit_rows_and_layout_fields():
     f = layout.views(host)
     assert f["input_ids"].tolist() == [7, 1, 2, 3, 5, 6]
     assert f["positions"].tolist() == [33, 0, 1, 2, 16, 17]
-    assert f["slot_mapping"].tolist() == [9 * BLOCK + 1, 2 * BLOCK, 2 * BLOCK + 1, 2 * BLOCK + 2, 3 * BLOCK, 3 * BLOCK + 1]
+    assert f["slot_mapping"].tolist() == [9 * BLOCK + 1, 2 * BLOCK, 2 * BLOCK + 1, 2 * BLOCK + 2,
+                                          3 * BLOCK, 3 * BLOCK + 1]
     assert f["logit_rows"].tolist() == [0, 2, 3]           # the decode's row, the chunk's last two
     assert f["seq_q_start"].tolist() == [0, 1, 4]
     assert f["block_tables"][0].tolist() == [4, 1, 9]
