@@ -527,6 +527,34 @@ def documents(s: dict[str, Node]) -> list[str]:
     ]
 
 
+def gpu(s: dict[str, Node]) -> list[str]:
+    g = s["gpu"]
+    lines = [
+        "## The engine on a GPU", "",
+        "Decode through the Engine against the memory roofline (the weights plus the KV a step reads, at the "
+        "copy rate measured in the same run), a step at a context length never seen against a repeated one, "
+        "prefill MFU one shot and in 512-token chunks, streaming TTFT against not, launches and host syncs per "
+        "decode step; random weights, since none travel to the GPU machine.", "",
+        *block(g, cells="one run"),
+    ]
+    if g.get("decode") is not None:
+        lines += [f"Card: **{g['gpu']}**; bf16 matmul {g['matmul_tflops']} TFLOP/s and copy {g['hbm_tb_s']} TB/s "
+                  f"measured in the run; fp32 exactness: {g['exact_fp32']}; per decode step "
+                  f"{g['launches_per_step']} launches and {g['host_syncs_per_step']} host syncs.", ""]
+        lines += table(["concurrency", "fresh step ms", "repeated step ms", "share of the roofline"],
+                       [f"{r['concurrency']} | {r['fresh_step_ms']} | {r['repeated_step_ms']} | "
+                        f"{r['roofline_fraction'].number():.0%}" for r in g["decode"]])
+        lines += table(["prefill tokens", "chunk", "MFU"],
+                       [f"{r['tokens']} | {r['chunk'].value or 'one shot'} | {r['mfu'].number():.0%}"
+                        for r in g["prefill"]])
+        lines += table(["document gap ms", "streaming TTFT speedup"],
+                       [f"{r['gap_ms']} | {r['speedup']:x}" for r in g["streaming"]])
+    base = g["baseline"]
+    lines += [f"The first CUDA run, before the kernels ({base['card']}, {base['software']}). {base['note']}", ""]
+    lines += table(["measure", "value"], [f"{r['what']} | {r['value']}" for r in base["rows"]], right=2)
+    return lines
+
+
 def not_measured(s: dict[str, Node]) -> list[str]:
     items = [f"- {item}" for name in SECTIONS if name in s and s[name].get("not_measured") is not None
              for item in s[name]["not_measured"]]
@@ -548,6 +576,6 @@ def refresh(s: dict[str, Node]) -> list[str]:
 
 
 PAGE = (intro, glance, machines, streaming, vllm, pressure, sessions, decode, retrieval, milvus, documents, blend,
-        disagg, gateway, load, chaos, steps, engine, not_measured, refresh)
+        disagg, gateway, load, chaos, steps, engine, gpu, not_measured, refresh)
 SECTIONS = ("machines", "streaming", "vllm", "pressure", "sessions", "decode", "retrieval", "retrieval_backends",
-            "documents", "blend", "disagg", "gateway", "load", "chaos", "steps", "engine")
+            "documents", "blend", "disagg", "gateway", "load", "chaos", "steps", "engine", "gpu")
