@@ -41,8 +41,13 @@ POSITIVE_FLAGS = ("kv_device_blocks", "kv_device_bytes", "kv_cpu_blocks", "token
 
 
 def checked_model_dir(args: argparse.Namespace) -> Path:
-    """Check the numeric flags and the model directory (the embedded model by default)."""
+    """Check the numeric flags and the model directory (the embedded model by default); the token budget
+    left unsaid becomes the device's default."""
     from inference_svc.embedded_model import prepare_embedded_model
+    from inference_svc.engine.options import default_token_budget
+
+    if args.token_budget is None:
+        args.token_budget = default_token_budget(args.device)
 
     for name in POSITIVE_FLAGS:
         value = getattr(args, name, None)

@@ -14,6 +14,7 @@ from inference_svc.engine.options import (
     CHUNK_STORE_FILL_CHOICES,
     DEFAULT_BLEND_RECOMPUTE,
     DEFAULT_CHUNK_STORE_FILL,
+    DEFAULT_CUDA_TOKEN_BUDGET,
     DEFAULT_DEVICE,
     DEFAULT_DTYPE,
     DEFAULT_EVICTION,
@@ -69,8 +70,9 @@ def add_inference_args(parser: argparse.ArgumentParser) -> None:
                              "the device KV pool must hold one such sequence (checked at start-up)")
     parser.add_argument("--block-size", type=int, default=env("block_size", None),
                         help="tokens per KV block (default 16; vllm: 32 on CPU, vLLM's default on CUDA)")
-    parser.add_argument("--token-budget", type=int, default=env("token_budget", DEFAULT_TOKEN_BUDGET),
-                        help=f"most tokens one engine step computes (default {DEFAULT_TOKEN_BUDGET})")
+    parser.add_argument("--token-budget", type=int, default=env("token_budget", None),
+                        help=f"most tokens one engine step computes (default {DEFAULT_TOKEN_BUDGET}; "
+                             f"{DEFAULT_CUDA_TOKEN_BUDGET} on CUDA)")
     parser.add_argument("--step-time-target-ms", type=step_time_target_arg,
                         default=env("step_time_target_ms", str(DEFAULT_STEP_TIME_TARGET_MS)),
                         help=f"native engine: each step's token budget is what the cost model, refit from "

@@ -97,7 +97,7 @@ def run_bench_gpu(args: argparse.Namespace) -> int:
     say(f"loaded the {plan['shape']} shape ({plan['dtype']}) with random weights")
     hf = None if args.no_transformers else m.transformers_model(config, device, plan["dtype"])
     out["prefill"] = m.prefill_section(runner, hf, config, plan, out["matmul_tflops"], say)
-    engine = setup.engine(plan["blocks"], runner=runner, token_budget=8192)
+    engine = setup.engine(plan["blocks"], runner=runner)
     out["decode"] = m.decode_section(engine, hf, config, plan, out["hbm_tb_s"], args, say)
     out["host_syncs_per_step"], out["launches_per_step"] = m.device_calls_section(setup, runner, plan, say)
     out["streaming"] = m.streaming_section(setup, runner, plan, say)

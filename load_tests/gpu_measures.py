@@ -19,6 +19,7 @@ from inference_svc.engine.engine import Engine, EngineConfig
 from inference_svc.engine.events import EventKind
 from inference_svc.engine.model_runner import ChunkInput, ModelRunner
 from inference_svc.engine.models import ModelConfig
+from inference_svc.engine.options import default_token_budget
 from inference_svc.engine.request import Segment
 from inference_svc.engine.sampler import SamplingParams
 from inference_svc.engine.tokenization import SegmentTokenizer
@@ -73,6 +74,7 @@ class EngineSetup:
 
     def engine(self, blocks: int, *, runner: ModelRunner | None = None, cpu_blocks: int = 0, **config) -> Engine:
         runner = runner or self.runner(blocks, cpu_blocks)
+        config.setdefault("token_budget", default_token_budget(str(self.device)))   # the service's default
         return Engine(runner, SegmentTokenizer(_IdsOnly()),
                       EngineConfig(num_device_blocks=blocks, num_cpu_blocks=cpu_blocks, block_size=BLOCK, **config))
 
@@ -236,7 +238,7 @@ def transformers_prefill_ms(model, tokens: int, device: torch.device, rng: rando
 
 def decode_steps(engine: Engine, prompts: list[tuple[int, ...]], steps: int, tag: str) -> list[float]:
     """Open ``prompts``, prefill them, then time ``steps`` decode steps of them all (ms each)."""
-    params = SamplingParams(max_tokens=steps + 2, ignore_eos=True)
+    params = SamplingParams(max_tokens=steps + 2, ignore_eos=True, speculation="off")   # plain decode steps
     for i, prompt in enumerate(prompts):
         engine.open(f"{tag}{i}", [Segment(token_ids=prompt)], params)
         engine.finish(f"{tag}{i}")
@@ -383,12 +385,12 @@ def _compiled_transformers(hf, plan: dict, device: torch.device, rng) -> float |
 
 
 def device_calls_section(setup, runner, plan: dict, say) -> tuple[float | None, float | None]:
-    engine = setup.engine(plan["blocks"], runner=runner, token_budget=8192, count_device_calls=True)
+    engine = setup.engine(plan["blocks"], runner=runner, count_device_calls=True)
     rng = random.Random(3)
     c = plan["concurrency"][min(1, len(plan["concurrency"]) - 1)]
     prompts = [ids(rng, plan["context"], setup.config.vocab_size) for _ in range(c)]
     syncs, launches = [], []
-    params = SamplingParams(max_tokens=8, ignore_eos=True)
+    params = SamplingParams(max_tokens=8, ignore_eos=True, speculation="off")
     for i, prompt in enumerate(prompts):
         engine.open(f"c{i}", [Segment(token_ids=prompt)], params)
         engine.finish(f"c{i}")
@@ -414,9 +416,9 @@ def streaming_section(setup, runner, plan: dict, say) -> list[dict]:
         for run in range(plan["runs"]):   # fresh documents each run: no prefix cache hit between runs
             head = ids(rng, plan["head"], setup.config.vocab_size)
             docs = [ids(rng, plan["doc"], setup.config.vocab_size) for _ in range(plan["docs"])]
-            engine = setup.engine(plan["blocks"], runner=runner, token_budget=8192)
+            engine = setup.engine(plan["blocks"], runner=runner)
             streamed = ttft_after_last_doc(engine, head, docs, gap, True, f"s{run}")
-            engine = setup.engine(plan["blocks"], runner=runner, token_budget=8192)
+            engine = setup.engine(plan["blocks"], runner=runner)
             whole = ttft_after_last_doc(engine, head, docs, gap, False, f"n{run}")
             pairs.append((streamed, whole))
         streamed = statistics.median(p[0] for p in pairs)
