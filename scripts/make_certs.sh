@@ -14,7 +14,9 @@ set -euo pipefail
 
 out="${1:-certs}"
 days="${STREAMRAG_CERT_DAYS:-825}"
-names=(gateway orchestrator inference inference-0 inference-1 anns crawler replay corpus redis client)
+names=(gateway orchestrator orchestrator-1 inference inference-0 inference-1 anns crawler replay corpus redis client)
+# Every compose orchestrator answers to the network alias `orchestrators` too (the gateway dials it).
+declare -A extra_san=([orchestrator]=",DNS:orchestrators" [orchestrator-1]=",DNS:orchestrators")
 
 mkdir -p "$out"
 cd "$out"
@@ -30,7 +32,7 @@ for name in "${names[@]}"; do
     "basicConstraints=CA:FALSE" \
     "keyUsage=critical,digitalSignature,keyEncipherment" \
     "extendedKeyUsage=serverAuth,clientAuth" \
-    "subjectAltName=DNS:$name,DNS:localhost,IP:127.0.0.1" > "$name.ext"
+    "subjectAltName=DNS:$name,DNS:localhost,IP:127.0.0.1${extra_san[$name]:-}" > "$name.ext"
   openssl x509 -req -sha256 -days "$days" -in "$name.csr" -CA ca.crt -CAkey ca.key -CAcreateserial \
     -out "$name.crt" -extfile "$name.ext" 2>/dev/null
   rm -f "$name.csr" "$name.ext"

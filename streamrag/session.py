@@ -22,8 +22,7 @@ from collections.abc import Iterator
 import grpc
 
 from protos import common_pb2, retriever_pb2, retriever_pb2_grpc, sessions_pb2, sessions_pb2_grpc
-from servicekit.auth import keyed_channel
-from streamrag.ask import DEFAULT_ORCHESTRATOR, orchestrator_address, stack_service_target
+from streamrag.ask import DEFAULT_ORCHESTRATOR, orchestrator_address, orchestrator_channel, stack_service_target
 
 RETRIEVERS = ("crawler", "anns", "replay")
 
@@ -80,7 +79,7 @@ def add_session_args(parser: argparse.ArgumentParser) -> None:
 
 def run_session(args: argparse.Namespace) -> int:
     try:
-        with keyed_channel(orchestrator_address(args.orchestrator)) as channel:
+        with orchestrator_channel(orchestrator_address(args.orchestrator)) as channel:
             stub = sessions_pb2_grpc.SessionsStub(channel)
             return HANDLERS[args.session_handler](stub, args)
     except grpc.RpcError as exc:

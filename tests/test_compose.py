@@ -33,7 +33,9 @@ from streamrag.stack import commands, plan
 
 ROOT = Path(__file__).resolve().parents[1]
 COMPOSE = ROOT / "compose"
-SERVICES = {"redis", "corpus", "anns", "crawler", "inference-0", "inference-1", "orchestrator", "gateway"}
+SERVICES = {"redis", "corpus", "anns", "crawler", "inference-0", "inference-1", "orchestrator", "orchestrator-1",
+            "gateway"}
+ORCHESTRATORS = {"orchestrator", "orchestrator-1"}
 PROBE = ["CMD", "python", "-m", "servicekit.health"]
 
 
@@ -78,10 +80,11 @@ def listens_on(service: dict) -> int:
     return args.port
 
 
-def test_the_services_are_those_of_streamrag_up_with_two_replicas(services):
+def test_the_services_are_those_of_streamrag_up_with_two_replicas_and_two_orchestrators(services):
     parser = argparse.ArgumentParser()
     commands.add_up_args(parser)
-    planned = plan.plan_stack(parser.parse_args(["--replicas", "2"]), Path("/index"), redis_port=6379)
+    planned = plan.plan_stack(parser.parse_args(["--replicas", "2", "--orchestrators", "2"]), Path("/index"),
+                              redis_port=6379)
     assert set(services) == SERVICES == {s.name for s in planned}
 
 
@@ -105,7 +108,11 @@ def test_the_orchestrator_reaches_each_service_where_it_listens(services):
     crawler = cli_args(services["crawler"]["command"])
     assert crawler.start_url == [f"http://corpus:{listens_on(services['corpus'])}/index.html"]
     gateway = cli_args(services["gateway"]["command"])
-    assert gateway.orchestrator == f"orchestrator:{args.port}"
+    # every orchestrator answers to one alias; the gateway spreads over what it resolves to
+    assert gateway.orchestrator == f"dns:///orchestrators:{args.port}"
+    for name in ORCHESTRATORS:
+        assert services[name]["networks"]["default"]["aliases"] == ["orchestrators"]
+        assert services[name]["command"] == services["orchestrator"]["command"]
 
 
 def test_only_the_gateway_is_published(services):
@@ -136,8 +143,9 @@ def test_dependencies_wait_for_health_and_form_no_cycle(services):
         assert all(d["condition"] == "service_healthy" for d in depends.values()), name
         assert set(depends) <= SERVICES - {name}
         needs[name] = set(depends)
-    assert needs["orchestrator"] == SERVICES - {"orchestrator", "corpus", "gateway"}
-    assert needs["gateway"] == {"orchestrator"}
+    for name in ORCHESTRATORS:
+        assert needs[name] == SERVICES - ORCHESTRATORS - {"corpus", "gateway"}
+    assert needs["gateway"] == ORCHESTRATORS
     assert needs["crawler"] == {"corpus"}
     started: set[str] = set()
     while len(started) < len(needs):            # a start order exists
@@ -251,13 +259,13 @@ def test_the_dockerfiles_build_without_a_registry_and_with_any_builder(dockerfil
 
 def test_the_services_that_check_keys_take_the_key_from_the_environment(services):
     keyed = {name for name, service in services.items() if "STREAMRAG_API_KEY" in (service.get("environment") or {})}
-    assert keyed == {"gateway", "orchestrator", "anns", "crawler"}
+    assert keyed == {"gateway", *ORCHESTRATORS, "anns", "crawler"}
     for name in keyed:
         assert services[name]["environment"]["STREAMRAG_API_KEY"] == "${STREAMRAG_API_KEY:-}"
 
 
 TLS_SERVICES = {"anns": "retriever", "crawler": "retriever", "inference-0": "inference", "inference-1": "inference",
-                "orchestrator": "orchestrator", "gateway": "gateway"}
+                "orchestrator": "orchestrator", "orchestrator-1": "orchestrator", "gateway": "gateway"}
 
 
 def test_the_tls_override_gives_each_service_its_own_certificate_and_the_probe_the_same():
