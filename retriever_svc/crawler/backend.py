@@ -9,8 +9,8 @@ from collections.abc import AsyncIterator
 from protos import retriever_pb2
 from retriever_svc.crawler.crawl_thread import CrawlThread
 from retriever_svc.crawler.settings import DEFAULT_START_URL, CrawlerSettings
+from retriever_svc.crawler.url_policy import UrlPolicy, UrlRefused
 from retriever_svc.service import RetrievalQuery
-from retriever_svc.url_policy import UrlPolicy, UrlRefused
 
 
 class CrawlerBackend:

@@ -22,12 +22,12 @@ from crawl4ai.deep_crawling.filters import ContentTypeFilter, FilterChain
 from crawl4ai.markdown_generation_strategy import DefaultMarkdownGenerator
 
 from protos import common_pb2
-from retriever_svc.best_first import LinkScorer, StreamingBestFirst
+from retriever_svc.crawler.best_first import LinkScorer, StreamingBestFirst
 from retriever_svc.crawler.fetching import AllowListFilter, PolicyHTTPStrategy
 from retriever_svc.crawler.pages import PageSelector
 from retriever_svc.crawler.seeds import Seeds, search_seeds
 from retriever_svc.crawler.settings import CrawlerSettings
-from retriever_svc.url_policy import UrlPolicy
+from retriever_svc.crawler.url_policy import UrlPolicy
 
 # crawl4ai's strategies log every page-cap hit at INFO
 _strategy_log = logging.getLogger("retriever_svc.crawler.strategy")

@@ -16,8 +16,8 @@ from collections.abc import Callable
 from protos import common_pb2
 from retriever_svc.crawler.crawl import crawl_documents
 from retriever_svc.crawler.settings import CrawlerSettings
+from retriever_svc.crawler.url_policy import UrlPolicy
 from retriever_svc.service import RetrieverUnavailable
-from retriever_svc.url_policy import UrlPolicy
 
 log = logging.getLogger(__name__)
 

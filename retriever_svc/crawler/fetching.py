@@ -14,7 +14,7 @@ from crawl4ai import HTTPCrawlerConfig
 from crawl4ai.async_crawler_strategy import AsyncHTTPCrawlerStrategy
 from crawl4ai.deep_crawling.filters import URLFilter
 
-from retriever_svc.url_policy import GuardedResolver, UrlPolicy
+from retriever_svc.crawler.url_policy import GuardedResolver, UrlPolicy
 
 log = logging.getLogger(__name__)
 

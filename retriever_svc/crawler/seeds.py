@@ -19,8 +19,8 @@ from urllib.parse import urljoin
 import aiohttp
 
 from retriever_svc.crawler.settings import CrawlerSettings
+from retriever_svc.crawler.url_policy import GuardedResolver, UrlPolicy
 from retriever_svc.service import RetrieverUnavailable
-from retriever_svc.url_policy import GuardedResolver, UrlPolicy
 
 log = logging.getLogger(__name__)
 

@@ -34,9 +34,9 @@ from retriever_svc.crawler import (
     crawl_thread,
     document_id,
 )
+from retriever_svc.crawler.url_policy import GuardedResolver, UrlPolicy, UrlRefused
 from retriever_svc.server_args import add_retriever_args
 from retriever_svc.service import RetrieverServicer
-from retriever_svc.url_policy import GuardedResolver, UrlPolicy, UrlRefused
 from servicekit.config import ServiceConfig
 from servicekit.server import ServiceRunner
 from tests.support.tiny_corpus import render

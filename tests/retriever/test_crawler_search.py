@@ -15,7 +15,7 @@ import pytest
 
 from retriever_svc.corpus_server import CorpusServer
 from retriever_svc.crawler import CrawlerBackend, CrawlerSettings, PageSelector, crawl_documents, parse_search_answer
-from retriever_svc.url_policy import UrlPolicy, UrlRefused
+from retriever_svc.crawler.url_policy import UrlPolicy, UrlRefused
 from tests.retriever.test_crawler import assert_well_formed, kept_paths, retrieve
 
 FLUSH_QUERY = "when are buffered writes flushed to the file"
