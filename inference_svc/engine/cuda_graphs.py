@@ -45,7 +45,7 @@ class DecodeGraphs:
         for size in reversed(self.buckets):             # the largest first: the others fit in its pool
             layout = self._layout(size)
             host, _, block_q = self.builder.pack([], layout)
-            buffer = torch.empty(layout.numel, dtype=torch.int64, device=self.builder.device)
+            buffer = torch.empty(layout.numel, dtype=torch.int32, device=self.builder.device)
             fields, meta = self.builder.to_device(host, layout, block_q, into=buffer)
             with torch.cuda.stream(stream):
                 forward(fields, meta)                   # compile and warm up outside the capture

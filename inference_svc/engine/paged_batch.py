@@ -2,7 +2,7 @@
 
 Everything a forward over the paged cache reads besides the weights and the cache (token ids,
 positions, each token's cache slot, each sequence's rows, start and block table, the query tiles,
-and the rows whose logits are wanted) is written on the host into one int64 buffer, pinned on CUDA,
+and the rows whose logits are wanted) is written on the host into one int32 buffer, pinned on CUDA,
 and copied to the device with one non-blocking copy. The fields are views into the device copy, so
 a step issues no other host-to-device copy, builds no mask, and never waits for the device.
 
@@ -25,9 +25,9 @@ FIELDS = ("input_ids", "positions", "slot_mapping", "logit_rows",
 
 
 def _aligned(size: int) -> int:
-    """Every field starts 16 bytes in (two int64s): Triton specializes kernels on a pointer's alignment,
+    """Every field starts on 16 bytes (four int32s): Triton specializes kernels on a pointer's alignment,
     and fields at varying alignments would compile a variant per alignment."""
-    return size + size % 2
+    return -(-size // 4) * 4
 
 
 @dataclass(frozen=True)
@@ -48,6 +48,11 @@ class Layout:
     @property
     def numel(self) -> int:
         return sum(_aligned(size) for size in self.sizes().values())
+
+    @property
+    def tables_at(self) -> int:
+        """Where the block tables (the last field) start."""
+        return sum(_aligned(size) for name, size in self.sizes().items() if name != "block_tables")
 
     def views(self, buffer: torch.Tensor) -> dict[str, torch.Tensor]:
         out, at = {}, 0
@@ -114,11 +119,15 @@ class BatchBuilder:
 
     def pack(self, spans: Sequence[Span], layout: Layout | None = None) -> tuple[torch.Tensor, Layout, int]:
         """(host buffer, its layout, block_q). With a fixed ``layout`` (a graph's), the spans must fit in
-        it: the rest is padding (no rows, slot -1, empty tiles)."""
+        it: the rest is padding (no rows, slot -1, empty tiles). The host buffer ends after the last used
+        row of the block tables: the padded rows are never read, so they are neither written nor copied."""
         decode_only = all(len(s.token_ids) == 1 for s in spans)
         bq = self.block_q(decode_only)
         layout = layout or self.layout(spans)
-        host = torch.zeros(layout.numel, dtype=torch.int64, pin_memory=self._pin)
+        tables_at = layout.tables_at
+        used = tables_at + len(spans) * layout.width
+        host = torch.empty(layout.numel, dtype=torch.int32, pin_memory=self._pin)
+        host[:tables_at].zero_()
         f = {name: view.numpy() for name, view in layout.views(host).items()}
         f["slot_mapping"][:] = -1
         bs, row, tile, logit = self.block_size, 0, 0, 0
@@ -139,15 +148,13 @@ class BatchBuilder:
         if tile < layout.tiles:   # padding tiles point at a padding sequence (no rows): they do nothing
             f["tile_seq"][tile:] = len(spans) if len(spans) < layout.seqs else 0
             f["tile_off"][tile:] = 0 if len(spans) < layout.seqs else 1 << 30
-        return host, layout, bq
+        return host[:used], layout, bq
 
     def to_device(self, host: torch.Tensor, layout: Layout, block_q: int,
                   into: torch.Tensor | None = None) -> tuple[dict[str, torch.Tensor], KernelMetadata]:
         """Copy ``host`` to the device (into ``into`` when given: a graph's static buffer) in one transfer."""
-        if into is None:
-            device_buffer = host.to(self.device, non_blocking=self._pin)
-        else:
-            device_buffer = into[:layout.numel]
-            device_buffer.copy_(host, non_blocking=self._pin)
+        device_buffer = into if into is not None else torch.empty(layout.numel, dtype=host.dtype, device=self.device)
+        device_buffer = device_buffer[:layout.numel]
+        device_buffer[:host.numel()].copy_(host, non_blocking=self._pin)
         fields = layout.views(device_buffer)
         return fields, KernelMetadata(fields, block_q, self.block_size)

@@ -63,7 +63,7 @@ def _store_kv_kernel(k_ptr, v_ptr, k_cache_ptr, v_cache_ptr, slot_ptr,
                      stride_kh, stride_kt, stride_vh, stride_vt, stride_cs, stride_ch,
                      NUM_KV_HEADS: tl.constexpr, KV_PAD: tl.constexpr, HEAD_DIM: tl.constexpr):
     t = tl.program_id(0)
-    slot = tl.load(slot_ptr + t)
+    slot = tl.load(slot_ptr + t).to(tl.int64)
     if slot >= 0:
         h = tl.arange(0, KV_PAD)[:, None]
         d = tl.arange(0, HEAD_DIM)[None, :]
@@ -87,7 +87,7 @@ def _paged_attention_kernel(
     kv_head = tl.program_id(1)
     seq = tl.load(tile_seq_ptr + tile)
     q_off = tl.load(tile_off_ptr + tile)           # first query of this tile, within its sequence
-    q_start = tl.load(seq_q_start_ptr + seq)       # its sequence's first row in the packed batch
+    q_start = tl.load(seq_q_start_ptr + seq).to(tl.int64)   # its sequence's first row in the packed batch
     q_len = tl.load(seq_q_len_ptr + seq)
     ctx_start = tl.load(seq_ctx_start_ptr + seq)   # position of the sequence's first new token
 
