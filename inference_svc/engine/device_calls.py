@@ -25,8 +25,7 @@ import torch
 
 T = TypeVar("T")
 
-LAUNCH_CALLS = frozenset({"cudaLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernel", "cuLaunchKernelEx",
-                          "cudaGraphLaunch", "cudaLaunchCooperativeKernel"})
+LAUNCH_CALLS = ("LaunchKernel", "GraphLaunch")   # cudaLaunchKernel(ExC), cuLaunchKernel(Ex) (Triton), cudaGraphLaunch
 
 
 @dataclass(frozen=True)
@@ -52,5 +51,5 @@ def count_device_calls(fn: Callable[[], T], device: torch.device) -> tuple[T, De
             torch.cuda.set_sync_debug_mode(previous)
         torch.cuda.synchronize(device)
     syncs = sum(1 for w in caught if "synchroniz" in str(w.message))
-    launches = sum(1 for event in prof.events() if event.name in LAUNCH_CALLS)
+    launches = sum(1 for event in prof.events() if any(call in event.name for call in LAUNCH_CALLS))
     return result, DeviceCalls(launches=launches, host_syncs=syncs)

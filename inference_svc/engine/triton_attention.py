@@ -166,6 +166,7 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     num_heads, _, head_dim = q.shape
     num_kv_heads = k_cache.shape[1]
     grid = (tile_seq.shape[0], num_kv_heads)
+    rows = block_q * group_pad(num_heads, num_kv_heads)
     _paged_attention_kernel[grid](
         q, k_cache, v_cache, out, block_tables, seq_q_start, seq_q_len, seq_ctx_start, tile_seq, tile_off,
         head_dim ** -0.5,
@@ -173,5 +174,6 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
         block_tables.stride(0),
         GROUP=num_heads // num_kv_heads, GROUP_PAD=group_pad(num_heads, num_kv_heads), BLOCK_Q=block_q,
         BLOCK_N=BLOCK_N, HEAD_DIM=head_dim, PAGE=page_size, IEEE=q.dtype == torch.float32 or INTERPRETED,
+        num_warps=8 if rows >= PREFILL_ROWS else 4,   # a 128-row tile's fp32 accumulator needs 8 warps' registers
     )
     return out
