@@ -121,7 +121,7 @@ def under_load(search: Callable[[object], None], vectors: Sequence, clients: int
 
 def measure(index, vectors, question_vectors, questions, k: int, schedule: Sequence[int]) -> dict:
     from load_tests.quality import answers
-    from retriever_svc.anns import recall
+    from retriever_svc.anns.index import recall
 
     first, full, recalls = [], [], []
     for vector in vectors[:20]:                     # warm-up: caches, connections
@@ -149,7 +149,7 @@ def measure(index, vectors, question_vectors, questions, k: int, schedule: Seque
 # ---------------------------------------------------------------- the comparison
 
 def open_index(name: str, directory: Path, args: argparse.Namespace, stack: list[Callable[[], None]]):
-    from retriever_svc.anns import AnnsIndex
+    from retriever_svc.anns.index import AnnsIndex
 
     if name == "diskannpy":
         return AnnsIndex(directory), "diskannpy"
@@ -191,11 +191,12 @@ def summarize(runs: list[dict]) -> dict:
 
 def compare(args: argparse.Namespace, backends: list[str]) -> dict:
     from load_tests.quality import load_questions
-    from retriever_svc.anns import DEFAULT_BEAM_WIDTH, DEFAULT_SCHEDULE, AnnsIndex, parse_beam_width, parse_schedule
+    from retriever_svc.anns.backend import DEFAULT_BEAM_WIDTH, DEFAULT_SCHEDULE, parse_beam_width, parse_schedule
+    from retriever_svc.anns.index import AnnsIndex
+    from retriever_svc.anns.stages import effective_schedule
     from retriever_svc.corpus.index import default_index_dir
     from retriever_svc.embedding import embed
     from retriever_svc.retrieval_bench import derive_queries
-    from retriever_svc.stages import effective_schedule
 
     schedule = parse_schedule(args.l_schedule) if args.l_schedule else DEFAULT_SCHEDULE
     width = parse_beam_width(args.beam_width) if args.beam_width is not None else DEFAULT_BEAM_WIDTH

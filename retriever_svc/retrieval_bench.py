@@ -52,9 +52,9 @@ def run_bench(index, schedule: Sequence[int], beam_width: int, k: int = 10, quer
     """Measure `index` (an `AnnsIndex`); returns the JSON-ready result."""
     import numpy as np
 
-    from retriever_svc.anns import recall
+    from retriever_svc.anns.index import recall
+    from retriever_svc.anns.stages import effective_schedule
     from retriever_svc.embedding import embed
-    from retriever_svc.stages import effective_schedule
 
     texts = [p.text for p in index.store.all()]
     questions = derive_queries(texts, queries, seed)
@@ -139,7 +139,8 @@ def add_bench_retrieval_args(parser: argparse.ArgumentParser) -> None:
 
 
 def run_bench_retrieval(args: argparse.Namespace) -> int:
-    from retriever_svc.anns import DEFAULT_BEAM_WIDTH, DEFAULT_SCHEDULE, AnnsIndex, parse_beam_width, parse_schedule
+    from retriever_svc.anns.backend import DEFAULT_BEAM_WIDTH, DEFAULT_SCHEDULE, parse_beam_width, parse_schedule
+    from retriever_svc.anns.index import AnnsIndex
     from retriever_svc.corpus.index import default_index_dir
 
     try:

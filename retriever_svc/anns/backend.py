@@ -8,9 +8,8 @@ whenever the list changes; the last stage, at the full L, always goes out and is
 Each search runs in a worker thread, so a cancelled call stops between stages. With the
 option measure_recall=true, each chunk's stage also carries recall@k against brute force.
 
-`AnnsIndex.stages` is the synchronous core shared by the service and `bench retrieval`. The
-retriever serves several collections (`retriever_svc.collections`): the bundled index as the
-default, and the user's live ones, searched the same way.
+The retriever serves several collections (`retriever_svc.collections`): the bundled index
+(`anns.index.AnnsIndex`) as the default, and the user's live ones, searched the same way.
 """
 
 from __future__ import annotations
@@ -24,20 +23,19 @@ from pathlib import Path
 import numpy as np
 
 from protos import common_pb2, retriever_pb2
+from retriever_svc.anns.index import AnnsIndex, recall
+from retriever_svc.anns.stages import Stage
 from retriever_svc.collections.registry import CollectionRegistry, DefaultCollection
-from retriever_svc.corpus.index import STORE, VECTORS, default_index_dir, open_disk_searcher, read_manifest
+from retriever_svc.corpus.index import default_index_dir, read_manifest
 from retriever_svc.corpus.passages import Passage
-from retriever_svc.corpus.store import PassageStore
 from retriever_svc.service import InvalidQuery, RetrievalQuery
 from retriever_svc.stability import stability_hints
-from retriever_svc.stages import Stage, exact_top, staged
 
 DEFAULT_SCHEDULE = (16, 64, 256)      # measured: see `streamrag bench retrieval`
 DEFAULT_BEAM_WIDTH = 8
 MAX_L = 4096
 MAX_STAGES = 16
 MAX_BEAM_WIDTH = 64
-NODES_TO_CACHE = 2000       # graph nodes around the medoid kept in memory
 INGEST_BATCH = 8            # passages embedded per turn of the embedding lock while adding files
 QUERY_PRIORITY_MAX_WAIT_S = 1.0   # ingestion waits for queries to be embedded, but not forever
 OPTIONS = frozenset({"l_schedule", "beam_width", "measure_recall"})
@@ -64,55 +62,6 @@ def parse_beam_width(text: str | int) -> int:
     if not 1 <= width <= MAX_BEAM_WIDTH:
         raise ValueError(f"beam_width must be in [1, {MAX_BEAM_WIDTH}], got {width}")
     return width
-
-
-class AnnsIndex:
-    """An index directory from `streamrag index build`, opened for search."""
-
-    def __init__(self, directory: Path, nodes_to_cache: int = NODES_TO_CACHE) -> None:
-        self.directory = Path(directory)
-        manifest = read_manifest(self.directory)
-        if manifest is None:
-            raise FileNotFoundError(f"no complete index in {self.directory}: run `streamrag index build`")
-        self.manifest = manifest
-        self.store = PassageStore(self.directory / STORE)
-        self.vectors = np.load(self.directory / VECTORS, mmap_mode="r")
-        self.size = int(self.vectors.shape[0])
-        self._nodes_to_cache = min(nodes_to_cache, self.size)
-        self._searchers: dict[int, object] = {}
-        self._lock = threading.Lock()
-
-    def searcher(self, beam_width: int):
-        """One DiskANN `StaticDiskIndex` per beam width (opened on first use)."""
-        with self._lock:
-            if beam_width not in self._searchers:
-                self._searchers[beam_width] = open_disk_searcher(self.directory, beam_width, self.size,
-                                                                 self._nodes_to_cache)
-            return self._searchers[beam_width]
-
-    def search(self, vector: np.ndarray, k: int, search_list_size: int, beam_width: int):
-        """One DiskANN search: (rows, squared distances), best first."""
-        k = min(k, self.size)
-        found = self.searcher(beam_width).search(vector, k_neighbors=k, complexity=max(search_list_size, k))
-        return found.identifiers.tolist(), found.distances.tolist()
-
-    def exact(self, vector: np.ndarray, k: int) -> list[int]:
-        """Brute-force top-k rows (ground truth for recall)."""
-        return exact_top(self.vectors, vector, k)
-
-    def stages(self, vector: np.ndarray, k: int, schedule: Sequence[int], beam_width: int) -> Iterator[Stage]:
-        """Search at each L of the schedule in turn (one search per `next`), merging as it goes."""
-        return staged(lambda v, kk, size: self.search(v, kk, size, beam_width), vector, min(k, self.size), schedule)
-
-    def passages(self, rows: Sequence[int]) -> dict[int, Passage]:
-        return dict(zip(rows, self.store.get(rows), strict=True))
-
-    def close(self) -> None:
-        self.store.close()
-
-
-def recall(rows: Sequence[int], exact: Sequence[int]) -> float:
-    return len(set(rows) & set(exact)) / len(exact) if exact else 1.0
 
 
 class AnnsBackend:

@@ -2,7 +2,7 @@
 
 Every stage's top-k is merged with what earlier stages found. Distances are exact, so an
 item of the true top-k, once found, never leaves the list: recall never drops from one stage
-to the next. Shared by the bundled index (`anns.AnnsIndex`) and live collections.
+to the next. Shared by the bundled index (`anns.index.AnnsIndex`) and live collections.
 """
 
 from __future__ import annotations

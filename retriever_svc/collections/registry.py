@@ -48,7 +48,7 @@ class DefaultCollection:
     read_only = True
 
     def __init__(self, index=None) -> None:
-        self.index = index              # an anns.AnnsIndex
+        self.index = index              # an anns.index.AnnsIndex
         self.progress = ""              # while building: what the build is doing
         self.error = ""
 

@@ -14,7 +14,7 @@ import logging
 from pathlib import Path
 
 from protos import retriever_pb2
-from retriever_svc.anns import AnnsBackend, parse_beam_width, parse_schedule
+from retriever_svc.anns.backend import AnnsBackend, parse_beam_width, parse_schedule
 from retriever_svc.collections.registry import CollectionRegistry, DefaultCollection, default_collections_root
 from retriever_svc.corpus.index import default_index_dir, read_manifest
 from retriever_svc.milvus.bundled import MilvusBundledIndex

@@ -13,8 +13,8 @@ from collections.abc import Iterator, Sequence
 
 import numpy as np
 
+from retriever_svc.anns.stages import Stage, staged
 from retriever_svc.milvus.connection import MilvusConnection, index_params, max_search_list, search_params
-from retriever_svc.stages import Stage, staged
 
 DIM = 384
 PID, VECTOR = "pid", "vector"

@@ -12,7 +12,8 @@ import grpc
 
 from orchestrator.server import OrchestratorService
 from protos import orchestrator_pb2, orchestrator_pb2_grpc
-from retriever_svc.anns import AnnsBackend, AnnsIndex
+from retriever_svc.anns.backend import AnnsBackend
+from retriever_svc.anns.index import AnnsIndex
 from retriever_svc.collections.registry import CollectionRegistry, DefaultCollection
 from retriever_svc.corpus_server import CorpusServer
 from retriever_svc.crawler import CrawlerBackend, CrawlerSettings

@@ -22,7 +22,8 @@ from gateway.app import GatewaySettings
 from gateway.protocol import RAG_MODEL
 from orchestrator.server import OrchestratorService
 from protos import orchestrator_pb2, orchestrator_pb2_grpc
-from retriever_svc.anns import AnnsBackend, AnnsIndex
+from retriever_svc.anns.backend import AnnsBackend
+from retriever_svc.anns.index import AnnsIndex
 from retriever_svc.collections.registry import CollectionRegistry, DefaultCollection
 from retriever_svc.corpus.index import build_index
 from servicekit.config import ServiceConfig

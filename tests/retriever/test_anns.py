@@ -20,10 +20,11 @@ import numpy as np
 import pytest
 
 from protos import retriever_pb2, retriever_pb2_grpc
-from retriever_svc.anns import AnnsBackend, AnnsIndex, build_backend, parse_schedule, recall
+from retriever_svc.anns.backend import AnnsBackend, build_backend, parse_schedule
+from retriever_svc.anns.index import AnnsIndex, recall
+from retriever_svc.anns.stages import effective_schedule
 from retriever_svc.server_args import add_retriever_args
 from retriever_svc.service import RetrieverServicer
-from retriever_svc.stages import effective_schedule
 from servicekit.config import ServiceConfig
 from servicekit.server import ServiceRunner
 from tests.retriever import build_random_index, build_tiny_index

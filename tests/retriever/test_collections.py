@@ -31,7 +31,8 @@ from hypothesis import strategies as st
 
 from protos import retriever_pb2 as pb
 from protos import retriever_pb2_grpc
-from retriever_svc.anns import AnnsBackend, AnnsIndex
+from retriever_svc.anns.backend import AnnsBackend
+from retriever_svc.anns.index import AnnsIndex
 from retriever_svc.collections.collection import STORE_FILE, Added, Collection, file_passages
 from retriever_svc.collections.registry import CollectionRegistry, DefaultCollection
 from retriever_svc.corpus.passages import approx_tokens

@@ -17,7 +17,7 @@ import pytest
 
 from protos import retriever_pb2 as pb
 from protos import retriever_pb2_grpc
-from retriever_svc.anns import AnnsIndex
+from retriever_svc.anns.index import AnnsIndex
 from retriever_svc.corpus.checkpoint import CHECKPOINT
 from retriever_svc.corpus.index import MANIFEST, build_index, read_manifest
 from tests.support.retriever_process import RetrieverProcess
