@@ -95,7 +95,9 @@ def run_bench_gpu(args: argparse.Namespace) -> int:
     setup = m.EngineSetup(config, device, plan["dtype"], attention)
     runner = setup.runner(plan["blocks"])
     say(f"loaded the {plan['shape']} shape ({plan['dtype']}) with random weights")
-    hf = None if args.no_transformers else m.transformers_model(config, device, plan["dtype"])
+    hf = None if args.no_transformers else m.baseline(lambda: m.transformers_model(config, device, plan["dtype"]))
+    if isinstance(hf, str):
+        out["transformers"], hf = hf, None
     out["prefill"] = m.prefill_section(runner, hf, config, plan, out["matmul_tflops"], say)
     engine = setup.engine(plan["blocks"], runner=runner)
     out["decode"] = m.decode_section(engine, hf, config, plan, out["hbm_tb_s"], args, say)
@@ -110,6 +112,10 @@ def run_bench_gpu(args: argparse.Namespace) -> int:
     return 0
 
 
+def _share(value) -> str:
+    return f"{value:.0%}" if isinstance(value, float) else str(value or "-")
+
+
 def _print(out: dict) -> None:
     print(f"\n{out['gpu']} · torch {out['torch']} · triton {out['triton']} · "
           f"matmul {out['matmul_tflops']} TFLOP/s · copy {out['hbm_tb_s']} TB/s · exact fp32: {out['exact_fp32']}")
@@ -121,7 +127,7 @@ def _print(out: dict) -> None:
     print("| prefill tokens | chunk | MFU | transformers MFU |\n|---:|---:|---:|---:|")
     for r in out["prefill"]:
         print(f"| {r['tokens']} | {r['chunk'] or 'one shot'} | {r['mfu']:.0%} | "
-              f"{format(r['transformers_mfu'], '.0%') if 'transformers_mfu' in r else '-'} |")
+              f"{_share(r.get('transformers_mfu'))} |")
     for r in out["streaming"]:
         print(f"streaming at {r['gap_ms']} ms gaps: {r['speedup']:.2f}x")
     print(f"per decode step: {out['launches_per_step']} launches, {out['host_syncs_per_step']} host syncs")

@@ -12,6 +12,7 @@ import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TypeVar
 
 import torch
 
@@ -25,6 +26,7 @@ from inference_svc.engine.sampler import SamplingParams
 from inference_svc.engine.tokenization import SegmentTokenizer
 
 BLOCK = 16
+T = TypeVar("T")
 
 
 class _IdsOnly:
@@ -120,12 +122,14 @@ def exactness(setup: EngineSetup, *, doc_tokens: int, max_tokens: int = 12) -> d
     other = Segment(token_ids=ids(rng, doc_tokens, vocab), key="other")
     suffix = [Segment(token_ids=ids(rng, 8, vocab))]
     params = SamplingParams(max_tokens=max_tokens, ignore_eos=True)
-    runner = setup.runner(64, 64)
+    total_blocks = -(-(4 * doc_tokens + 8 + max_tokens) // BLOCK)   # one stream's blocks at its end
+    runner = setup.runner(4 * total_blocks, 2 * total_blocks)
 
     def engine(**config) -> Engine:
         for pool in (runner.kv_cache.device_pool, runner.kv_cache.cpu_pool):
             pool.zero_()
-        return setup.engine(config.pop("blocks", 64), runner=runner, cpu_blocks=64, **config)
+        return setup.engine(config.pop("blocks", 4 * total_blocks), runner=runner, cpu_blocks=2 * total_blocks,
+                            **config)
 
     ref = engine(token_budget=4096)
     ref.open("ref", head + docs, params)
@@ -152,7 +156,6 @@ def exactness(setup: EngineSetup, *, doc_tokens: int, max_tokens: int = 12) -> d
     update.finish("u", suffix)
     results["update"] = tokens_of(run_until_done(update, events), "u") == reference
 
-    total_blocks = -(-(4 * doc_tokens + 8 + max_tokens) // BLOCK)
     for eviction in ("recompute", "swap"):
         # three identical streams, no prefix sharing, in a pool that holds about two of them
         preempt = engine(blocks=2 * total_blocks + 1, token_budget=doc_tokens, eviction=eviction, policy="lcas",
@@ -174,7 +177,7 @@ def exactness(setup: EngineSetup, *, doc_tokens: int, max_tokens: int = 12) -> d
 
     prompt = [t for s in head + docs + suffix for t in s.token_ids]
     chunked = _last_logits(runner, prompt, doc_tokens)
-    sdpa = EngineSetup(setup.config, setup.device, setup.dtype, attention="sdpa", seed=setup.seed).runner(64)
+    sdpa = EngineSetup(setup.config, setup.device, setup.dtype, attention="sdpa", seed=setup.seed).runner(total_blocks)
     one_shot = _last_logits(sdpa, prompt, len(prompt))
     results["max_logit_diff"] = float((chunked - one_shot).abs().max())
     results["reference_tokens"] = len(reference)
@@ -336,11 +339,11 @@ def prefill_section(runner, hf, config, plan: dict, tflops: float, say) -> list[
         flops = model_flops(config, tokens)
         row = {"tokens": tokens, "chunk": chunk, "ms": round(ms, 2), "mfu": round(flops / (ms * 1e9) / tflops, 3)}
         if hf is not None and chunk is None:
-            hf_ms = transformers_prefill_ms(hf, tokens, runner.device, rng)
-            row["transformers_mfu"] = round(flops / (hf_ms * 1e9) / tflops, 3)
+            hf_ms = baseline(lambda n=tokens: transformers_prefill_ms(hf, n, runner.device, rng))
+            row["transformers_mfu"] = hf_ms if isinstance(hf_ms, str) else round(flops / (hf_ms * 1e9) / tflops, 3)
         rows.append(row)
         say(f"prefill {tokens} tokens, chunk {chunk}: {ms:.1f} ms, MFU {row['mfu']:.2f}"
-            + (f" (transformers {row['transformers_mfu']:.2f})" if "transformers_mfu" in row else ""))
+            + (f" (transformers {row['transformers_mfu']})" if "transformers_mfu" in row else ""))
     return rows
 
 
@@ -364,23 +367,31 @@ def decode_section(engine, hf, config, plan: dict, hbm_tb_s: float, args, say) -
                "roofline_ms": round(roofline_ms, 3), "roofline_fraction": round(roofline_ms / fresh_ms, 3),
                "fresh_step_ms_range": [round(min(fresh), 3), round(max(fresh), 3)]}
         if hf is not None:
-            row["transformers_step_ms"] = round(transformers_decode_ms(hf, c, plan["context"], plan["steps"],
-                                                                         engine.runner.device, rng), 3)
+            row["transformers_step_ms"] = baseline(lambda c=c: round(transformers_decode_ms(
+                hf, c, plan["context"], plan["steps"], engine.runner.device, rng), 3))
             if args.compile_transformers and c == 1:
                 row["transformers_compiled_step_ms"] = _compiled_transformers(hf, plan, engine.runner.device, rng)
         rows.append(row)
         say(f"decode x{c}: fresh {fresh_ms:.2f} ms, repeated {repeated_ms:.2f} ms, roofline {roofline_ms:.2f} ms "
             f"({row['roofline_fraction']:.0%})"
-            + (f", transformers {row['transformers_step_ms']:.2f} ms" if "transformers_step_ms" in row else ""))
+            + (f", transformers {row['transformers_step_ms']} ms" if "transformers_step_ms" in row else ""))
     return rows
 
 
 def _compiled_transformers(hf, plan: dict, device: torch.device, rng) -> float | str:
-    try:
+    def run() -> float:
         hf.generation_config.cache_implementation = "static"
         hf.forward = torch.compile(hf.forward, mode="reduce-overhead", fullgraph=True)
         return round(transformers_decode_ms(hf, 1, plan["context"], plan["steps"], device, rng), 3)
-    except Exception as exc:   # a baseline that does not compile here is reported, not fatal
+
+    return baseline(run)
+
+
+def baseline(fn: Callable[[], T]) -> T | str:
+    """A baseline's figure, or why it failed: a baseline that does not run here is reported, not fatal."""
+    try:
+        return fn()
+    except Exception as exc:
         return f"failed: {type(exc).__name__}: {exc}"[:200]
 
 
