@@ -301,7 +301,7 @@ def add_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--parts", default="cross,anns", help="comma-separated: cross (across requests), anns")
     parser.add_argument("--passages", type=Path, default=None,
                         help="passage store the questions' passages come from (default: the bundled index's; "
-                             "python -m load_tests.passages_only FILE makes one without embeddings)")
+                             "`streamrag bench paper traces --passages FILE` makes one without embeddings)")
     parser.add_argument("--requests", type=int, default=30, help="requests per run (across requests)")
     parser.add_argument("--zipf", type=float, default=1.1, help="Zipf exponent of the question draws")
     parser.add_argument("--per-page", type=int, default=3, help="passages of a question's answering page")

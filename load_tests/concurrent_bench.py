@@ -12,7 +12,7 @@ every seed and engine, so no prefix cache helps either side.
         --seeds 0,1,2 --json out/concurrent.json
 
 Prints one row per engine and seed and the per-seed ratio native / vLLM with its median and
-min-max spread (load_tests.seeds.spread).
+min-max spread (load_tests.runner.spread).
 """
 
 from __future__ import annotations
@@ -27,8 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from inference_svc.engine.options import DEFAULT_DEVICE, DEFAULT_DTYPE, DEFAULT_TOKEN_BUDGET, DTYPE_CHOICES
-from load_tests.cli_types import int_list, positive_int, write_json
-from load_tests.seeds import spread
+from load_tests.runner import int_list, positive_int, spread, write_json
 from servicekit.progress import say
 
 ENGINES = ("native", "vllm")

@@ -1,7 +1,7 @@
 """Which processes used the CPU while a step was slow: a per-process CPU sampler and its report.
 
-    python -m load_tests.cpu_sampler record --out SAMPLES.jsonl [--interval 0.25] [--threads-of TEXT]
-    python -m load_tests.cpu_sampler report SAMPLES.jsonl[.gz] STEP_LOG [--slow 0.5] [--top 6]
+    streamrag bench cpu record --out SAMPLES.jsonl [--interval 0.25] [--threads-of TEXT]
+    streamrag bench cpu report SAMPLES.jsonl[.gz] STEP_LOG [--slow 0.5] [--top 6]
 
 `record` writes one JSON line per interval until it is stopped (SIGTERM or Ctrl-C): the wall time,
 every process's CPU seconds so far (user + system, psutil) and major page faults so far (a page read
@@ -29,10 +29,13 @@ import json
 import os
 import signal
 import statistics
+import sys
 import time
 from pathlib import Path
 
 import psutil
+
+from load_tests.runner import positive_float
 
 
 def _label(proc: psutil.Process) -> str:
@@ -221,12 +224,11 @@ def report(samples_path: Path, step_log: Path, slow: float, budget: int, top: in
          samples[-1].get("machine_steal_s", 0) - samples[0].get("machine_steal_s", 0))
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def add_bench_cpu_args(parser: argparse.ArgumentParser) -> None:
     sub = parser.add_subparsers(dest="cmd", required=True)
     rec = sub.add_parser("record", help="sample every process's CPU time until stopped")
     rec.add_argument("--out", type=Path, required=True)
-    rec.add_argument("--interval", type=float, default=0.25)
+    rec.add_argument("--interval", type=positive_float, default=0.25)
     rec.add_argument("--threads-of", action="append", default=[], metavar="TEXT",
                      help="also sample the threads of processes whose command line holds TEXT (repeatable)")
     rep = sub.add_parser("report", help="CPU by process during each slow step of a step log")
@@ -235,17 +237,16 @@ def main(argv: list[str] | None = None) -> None:
     rep.add_argument("--slow", type=float, default=0.5, help="a step longer than this is slow (seconds)")
     rep.add_argument("--budget", type=int, default=256, help="the token budget of a full step")
     rep.add_argument("--top", type=int, default=6)
-    args = parser.parse_args(argv)
+
+
+def run_bench_cpu(args: argparse.Namespace) -> int:
     if args.cmd == "record":
-        if args.interval <= 0:
-            parser.error("--interval must be positive")
         record(args.out, args.interval, tuple(args.threads_of))
-    else:
-        for path in (args.samples, args.step_log):
-            if not path.is_file():
-                parser.error(f"{path}: no such file")
-        report(args.samples, args.step_log, args.slow, args.budget, args.top)
+        return 0
+    missing = [str(path) for path in (args.samples, args.step_log) if not path.is_file()]
+    if missing:
+        print(f"error: {', '.join(missing)}: no such file", file=sys.stderr)
+        return 2
+    report(args.samples, args.step_log, args.slow, args.budget, args.top)
+    return 0
 
-
-if __name__ == "__main__":
-    main()

@@ -15,7 +15,7 @@ consecutive tokens of a request: tokens accepted in one step arrive together), d
 over seeds with the min-max spread. The prompts' KV stays in the prefix cache between modes, so
 later modes prefill little: prefill is not measured anyway.
 
-    flock /tmp/streamrag-cpu.lock python -m load_tests.decode_bench --json decode.json
+    streamrag bench decode --json decode.json
 
 writes `{"rows": [{"workload", "concurrency", "mode", "tokens_per_s", "itl_p50_ms", "itl_p95_ms",
 "acceptance", ...}], "runs": [...per seed...]}` and prints a markdown table.
@@ -34,7 +34,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from load_tests.cli_types import int_list, positive_int_list, write_json
+from load_tests.runner import int_list, positive_int_list, write_json
 from servicekit.progress import say
 
 QUESTIONS = Path(__file__).with_name("quality_questions.jsonl")
@@ -348,13 +348,3 @@ def run_bench_decode(args: argparse.Namespace) -> int:
     if args.json:
         write_json(args.json, {"rows": rows, "runs": runs})
     return 0
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_bench_decode_args(parser)
-    return run_bench_decode(parser.parse_args(argv))
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -16,7 +16,7 @@ being computed to the decode side's ack). A request meets its targets when its T
 `--ttft-target-s` and its own ITL p99 <= `--itl-target-ms`; goodput = such requests / the run's
 wall time (first arrival to last answer).
 
-    flock /tmp/streamrag-cpu.lock python -m load_tests.disagg_bench --json /tmp/disagg.json
+    streamrag bench disagg --json /tmp/disagg.json
 
 writes `{"rows": [{"mode", "seed", "rate_rps", "itl_p50_ms", "itl_p99_ms", "ttft_p50_s", "ttft_p99_s",
 "transfer_ms_after_last_chunk_p50", "goodput_rps", ...}], "requests": [...], "targets": {...}}`,
@@ -41,7 +41,7 @@ from pathlib import Path
 import grpc
 
 from inference_svc.launch import start_inference_service
-from load_tests.cli_types import write_json
+from load_tests.runner import write_json
 from protos import common_pb2, inference_pb2, inference_pb2_grpc
 from protos.metadata import DECODE_TARGET_KEY
 from servicekit.progress import say
@@ -285,13 +285,3 @@ def table(rows: list[dict], idle: list[dict]) -> str:
     lines += [f"{r['mode']} with nothing else running ({r['idle_probes']} requests): TTFT p50 {r['ttft_p50_s']} s, "
               f"hand-off p50 {r['transfer_ms_after_last_chunk_p50']} ms" for r in idle]
     return "\n".join(lines)
-
-
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    add_bench_disagg_args(parser)
-    return run_bench_disagg(parser.parse_args())
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -1,6 +1,6 @@
 """Which embedding backend to index with: passages/s, and recall@10 against float32.
 
-    python -m load_tests.embed_options --json OUT --passages 2000 [--sweep]
+    streamrag bench embed --json OUT --passages 2000 [--sweep]
 
 A seeded sample of the default corpus's passages (split as `index build` does) is embedded
 by each option, longest first; runs go round-robin over the options (a busy neighbour slows
@@ -234,8 +234,7 @@ def print_table(result: dict) -> None:
         print(f"{r['option']:26} {'sorted' if r['sorted'] else 'unsorted':8} {rates}")
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m load_tests.embed_options", description=__doc__.split("\n")[0])
+def add_bench_embed_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", type=Path, help="write the results here")
     parser.add_argument("--passages", type=int, default=2000, help="sample size")
     parser.add_argument("--queries", type=int, default=200, help="queries of each kind")
@@ -247,7 +246,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batches", type=lambda s: [int(b) for b in s.split(",")], default=[8, 16, 32, 64, 128])
     parser.add_argument("--avx2", action="store_true", help="keep PyTorch and OpenVINO to AVX2 kernels "
                         "(float32 options only), as on an AVX2-only CPU")
-    args = parser.parse_args(argv)
+
+
+def run_bench_embed(args: argparse.Namespace) -> int:
     if args.avx2:
         os.environ.update(AVX2_CAPS)
         args.options = ["torch-fp32", "openvino-fp32"]
@@ -257,6 +258,3 @@ def main(argv: list[str] | None = None) -> int:
     print_table(result)
     return 0
 
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -21,10 +21,10 @@ first) must have all its KV blocks free (polled with `GetStats` for up to 60 s: 
 free theirs at the engine's next step).
 
 Each seed (0..N-1) shuffles the questions; the JSON has p50/p99 per seed and, at the top, the
-median over seeds with its min-max spread (load_tests/seeds.py). Against a running stack with its
+median over seeds with its min-max spread (load_tests/runner.py). Against a running stack with its
 gateway (`streamrag up`):
 
-    flock /tmp/streamrag-cpu.lock streamrag bench gateway --json gateway.json
+    streamrag bench gateway --json gateway.json
 
 `--api-key` (default `$STREAMRAG_API_KEY`) is sent to both; `--ca` verifies an HTTPS gateway.
 """
@@ -47,8 +47,7 @@ from typing import Any
 
 import grpc
 
-from load_tests.cli_types import positive_int, write_json
-from load_tests.seeds import spread
+from load_tests.runner import positive_int, spread, write_json
 from protos import common_pb2, inference_pb2, inference_pb2_grpc, orchestrator_pb2, orchestrator_pb2_grpc
 from servicekit.auth import API_KEY_ENV, bearer_metadata
 from servicekit.config import DEFAULT_PORTS
@@ -265,11 +264,3 @@ def run_bench_gateway(args: argparse.Namespace) -> int:
     if args.json is not None:
         write_json(args.json, result)
     return 0
-
-
-if __name__ == "__main__":
-    import sys
-
-    from servicekit.config import run_command
-
-    sys.exit(run_command("python -m load_tests.gateway_bench", add_bench_gateway_args, run_bench_gateway))

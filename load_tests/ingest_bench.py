@@ -13,7 +13,7 @@ and uses real files: HTML pages of the Python docs (or --source), shuffled by th
 Embedding speed is measured in this process on the same passages: the default backend against
 today's torch path (`embed_passages_per_s_before`).
 
-    flock /tmp/streamrag-cpu.lock streamrag bench ingest --json ingest.json
+    streamrag bench ingest --json ingest.json
 
 writes the medians over seeds at the top level (the keys below) and `runs` per seed.
 """
@@ -31,7 +31,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from load_tests.cli_types import positive_int, write_json
+from load_tests.runner import positive_int, write_json
 from servicekit.progress import say
 
 DOCS_ROOT = Path("/usr/share/doc/python3.11/html")

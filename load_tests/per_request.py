@@ -6,7 +6,7 @@ streaming made slower, so this pairs the rows by query and counts, per configura
 requests whose streamed TTFT is above their non-streamed TTFT (by more than `--margin` seconds),
 and names the worst:
 
-    python -m load_tests.per_request OUT/anns/seed-0 OUT/anns/seed-1 OUT/anns/seed-2 [--margin 0.05] [--worst 3]
+    streamrag bench per-request OUT/anns/seed-0 OUT/anns/seed-1 OUT/anns/seed-2 [--margin 0.05] [--worst 3]
 """
 
 from __future__ import annotations
@@ -74,12 +74,13 @@ def render(runs: Sequence[tuple[str, dict[tuple, list[Pair]]]], margin_s: float,
     return "\n".join(lines)
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m load_tests.per_request", description=__doc__.split("\n\n")[0])
+def add_bench_per_request_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("runs", type=Path, nargs="+", help="bench replay output directories")
     parser.add_argument("--margin", type=float, default=0.05, help="seconds of loss counted apart (default 0.05)")
     parser.add_argument("--worst", type=int, default=3, help="slowest-streamed requests named per row (default 3)")
-    args = parser.parse_args(argv)
+
+
+def run_bench_per_request(args: argparse.Namespace) -> int:
     missing = [str(d) for d in args.runs if not (d / "requests.jsonl").is_file()]
     if missing:
         print(f"error: no requests.jsonl in {', '.join(missing)}", file=sys.stderr)
@@ -87,6 +88,3 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(render([(str(d), pairs(load_rows(d))) for d in args.runs], args.margin, args.worst))
     return 0
 
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -131,9 +131,3 @@ def format_table(results: Sequence[PrefillResult]) -> str:
         rows.append([str(n)] + [f"{by_key[k].tokens_per_s:.0f}" if k in by_key else "-" for k in columns])
     widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
     return "\n".join("  ".join(cell.rjust(w) for cell, w in zip(row, widths, strict=True)) for row in rows)
-
-
-if __name__ == "__main__":
-    from inference_svc.embedded_model import embedded_model_dir
-
-    print(format_table(measure_prefill_tokens_per_s(embedded_model_dir())))

@@ -33,7 +33,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from load_tests.cli_types import write_json
+from load_tests.runner import write_json
 from orchestrator.documents import page_of
 from servicekit.stats import percentile
 

@@ -30,8 +30,8 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from load_tests.cli_types import write_json
 from load_tests.quality import Question, answers, page_of, questions_or_none
+from load_tests.runner import write_json
 
 THRESHOLDS = (0.0, 0.1, 0.15, 0.2, 0.25, 0.3, 0.35, 0.4, 0.5)
 MARGINS = (0.0, 0.05, 0.1, 0.2, 0.3)

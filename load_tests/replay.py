@@ -3,7 +3,7 @@
     streamrag bench replay --trace traces/crawler.jsonl --qps 0.5 --qps 2 \\
         [--policies fcfs,lcas] [--eviction cost,recompute] [--kv-device-blocks N] \\
         [--delay-multiplier M] [--max-queries N] [--output-tokens 1] [--engine native,vllm] \\
-        [--address HOST:PORT] --out DIR
+        [--address HOST:PORT] [--seeds 0,1,2] --out DIR
 
 For each engine and (policy, eviction) configuration an Inference service is started as a
 subprocess, `streamrag serve inference --backend native|vllm` (the embedded model unless
@@ -53,10 +53,11 @@ from inference_svc.engine.options import (
 )
 from inference_svc.options import DEFAULT_MAX_STREAMS
 from inference_svc.server_args import add_speculative_args
-from load_tests.cli_types import positive_float, positive_int
+from load_tests import replay_seeds
 from load_tests.plots import write_plots
 from load_tests.replay_run import PromptBuilder, replay_run, scale_query, stable_query
 from load_tests.report import BASELINE_ONCE_KEYS, PAIR_KEYS, add_speedups, render_report, summarize_run
+from load_tests.runner import add_seeds_arg, positive_float, positive_int, write_json
 from retriever_svc.trace import TraceQuery, read_trace
 from servicekit.progress import say
 
@@ -327,7 +328,8 @@ def add_bench_replay_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-queries", type=positive_int, default=None, help="first N queries of each workload")
     parser.add_argument("--output-tokens", type=positive_int, default=1,
                         help="tokens generated per request (1: prefill instance)")
-    parser.add_argument("--seed", type=int, default=0, help="Poisson arrivals seed")
+    add_seeds_arg(parser, default="0", what="Poisson-arrival seeds (several: DIR/seed-S each, combined in "
+                                            "DIR/seeds.json and seeds.md)")
     parser.add_argument("--address", default=None,
                         help="use the Inference service here instead of starting one per configuration")
     parser.add_argument("--model", type=Path, default=None, help="model directory (default: the embedded model)")
@@ -339,25 +341,30 @@ def add_bench_replay_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", type=Path, required=True, help="output directory")
 
 
-
 def run_bench_replay(args: argparse.Namespace) -> int:
-    try:
-        summary = _finite(run_benchmark(args, say))
-    except (ValueError, OSError, RuntimeError) as exc:       # RuntimeError: a vLLM service that did not start
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
-    write_outputs(summary, args.out)
-    print(render_report(summary))
-    print(f"wrote {args.out / 'summary.json'}, {args.out / 'report.md'}, {args.out / 'requests.jsonl'}")
-    failed = sum(c.get("failed", 0) for c in summary["configs"])
+    """Every seed of `--seeds` in turn (one seed: DIR itself; several: DIR/seed-S each), then, for
+    several, their median and spread (`DIR/seeds.json`, `DIR/seeds.md`) and the ratios between
+    configurations (load_tests/replay_seeds.py)."""
+    runs, failed = [], 0
+    for seed in args.seeds:
+        one = argparse.Namespace(**vars(args), seed=seed)
+        if len(args.seeds) > 1:
+            one.out = args.out / f"seed-{seed}"
+        try:
+            summary = _finite(run_benchmark(one, say))
+        except (ValueError, OSError, RuntimeError) as exc:   # RuntimeError: a vLLM service that did not start
+            print(f"error: {exc}", file=sys.stderr)
+            return 1
+        write_outputs(summary, one.out)
+        print(render_report(summary))
+        print(f"wrote {one.out / 'summary.json'}, {one.out / 'report.md'}, {one.out / 'requests.jsonl'}")
+        failed += sum(c.get("failed", 0) for c in summary["configs"])
+        runs.append(summary["configs"])
+    if len(runs) > 1:
+        rows = replay_seeds.combine(runs)
+        table = replay_seeds.render(rows, label=str(args.out))
+        write_json(args.out / "seeds.json", {"seeds": args.seeds, "rows": rows})
+        (args.out / "seeds.md").write_text(table + "\n", encoding="utf-8")
+        print(table)
+    print("\n".join(replay_seeds.peer_ratios(runs)))
     return 1 if failed else 0
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="streamrag bench replay", description=__doc__.split("\n\n")[0])
-    add_bench_replay_args(parser)
-    return run_bench_replay(parser.parse_args(argv))
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -7,8 +7,8 @@ that does not come from numbers (what a section measures, the column names) live
 templates of load_tests/results_sections.py, so the page is regenerated, never edited, and its
 prose cannot drift from its rows:
 
-    python -m load_tests.results_page            # or: streamrag bench report
-    python -m load_tests.results_page --out /tmp/page.md --no-plots
+    streamrag bench report
+    streamrag bench report --out /tmp/page.md --no-plots
 
 Whether a target is met is decided here from the measured value, so a refreshed summary moves
 the verdict with it. In a target, `measured` (and `worst`) may name a value of the same summary
@@ -72,13 +72,3 @@ def run_bench_report(args: argparse.Namespace) -> int:
     args.out.write_text(page, encoding="utf-8")
     print(f"wrote {args.out} ({page.count(chr(10))} lines)" + "".join(f", {p}" for p in plots))
     return 0
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m load_tests.results_page", description=__doc__.splitlines()[0])
-    add_bench_report_args(parser)
-    return run_bench_report(parser.parse_args(argv))
-
-
-if __name__ == "__main__":
-    sys.exit(main())

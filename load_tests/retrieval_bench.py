@@ -30,7 +30,7 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from load_tests.cli_types import write_json
+from load_tests.runner import write_json
 from servicekit.stats import percentile
 
 BACKENDS = ("diskannpy", "milvus")

@@ -29,7 +29,7 @@ the registered Flash question's answer for the new data version has arrived by S
 Points are the median over seeds with the min-max spread (`_min`, `_max`); `runs` holds every
 seed's measurements.
 
-    flock /tmp/streamrag-cpu.lock python -m streamrag.cli bench sessions --json sessions.json
+    streamrag bench sessions --json sessions.json
 
 prints a markdown table and writes the JSON and a plot of TTFT against context size (beside the
 JSON, `.png`, or `--plot`). Progress goes to stderr. This module is the command; its parts (the
@@ -45,7 +45,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from load_tests.cli_types import int_list, positive_int_list, write_json
+from load_tests.runner import int_list, positive_int_list, write_json
 from load_tests.sessions.client import SessionsClient
 from load_tests.sessions.plot import write_plot
 from load_tests.sessions.seed_run import run_seed
@@ -164,13 +164,3 @@ def run_bench_sessions(args: argparse.Namespace) -> int:
                                         f"{len(seeds)} seeds, {os.cpu_count()} CPUs)")
         say(f"plot: {plot}")
     return 0
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_bench_sessions_args(parser)
-    return run_bench_sessions(parser.parse_args(argv))
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

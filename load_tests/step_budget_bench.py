@@ -17,7 +17,7 @@ The cost model is the profile given for each dtype (`--profile-dir`, measured wi
 else the cache's, else the built-in estimate; the JSON names which. Rows are the median over seeds with
 the min-max spread.
 
-    flock /tmp/streamrag-cpu.lock .venv/bin/streamrag bench steps --dtypes float32,bfloat16 \\
+    streamrag bench steps --dtypes float32,bfloat16 \\
         --raw /tmp/steps-bench --json docs/results/steps.json
 
 writes `{"config": {...}, "rows": [{"dtype", "arm", "target_ms", "token_budget", "step_ms_p50",
@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from load_tests.cli_types import int_list, positive_float, positive_int, write_json
+from load_tests.runner import int_list, positive_float, positive_int, spread, write_json
 from servicekit.progress import say
 
 WARMUP_TOKENS = 512
@@ -241,8 +241,6 @@ def run_bench_steps(args: argparse.Namespace) -> int:
 
 
 def summary_row(runs: list[dict], dtype: str, arm: str, target: float | None, budget: int, source: str) -> dict:
-    from load_tests.seeds import spread
-
     row: dict[str, Any] = {"dtype": dtype, "arm": arm, "target_ms": target, "token_budget": budget,
                            "cost_model": "built-in" if source == "built-in" else Path(source).name}
     for key in ("step_ms_p50", "step_ms_p99", "cancel_ms", "new_ttft_ms", "budget_p50", "tokens_per_s"):

@@ -12,7 +12,7 @@ and queueing (which non-streaming suffers more) is what can push a measured spee
 This prints, for one `bench replay` run directory and its trace, the percentiles of the tail,
 of that bound and of the measured TTFTs, and writes the per-request rows:
 
-    python -m load_tests.ttft_floor out/never-loses/crawler-120.jsonl out/never-loses/crawler-high/seed-0
+    streamrag bench ttft-floor out/paper/crawler-120.jsonl out/paper/crawler-high/seed-0
 
 The tail is counted with the embedded model's tokenizer over the documents' texts (the prompt
 template adds a few tokens per document), so the bound is an estimate within a few percent.
@@ -84,13 +84,14 @@ def table(rows: Sequence[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m load_tests.ttft_floor", description=__doc__.split("\n\n")[0])
+def add_bench_ttft_floor_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("trace", type=Path, help="the trace the run replayed")
     parser.add_argument("run", type=Path, help="a `bench replay --out` directory (its requests.jsonl)")
     parser.add_argument("--config", default=None,
                         help="POLICY/EVICTION of the streaming rows to use (default: the run's first)")
-    args = parser.parse_args(argv)
+
+
+def run_bench_ttft_floor(args: argparse.Namespace) -> int:
     try:
         queries = read_trace(args.trace).queries
         requests = [json.loads(line) for line in (args.run / "requests.jsonl").read_text().splitlines() if line]
@@ -109,6 +110,3 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(table(rows))
     return 0
 
-
-if __name__ == "__main__":
-    sys.exit(main())

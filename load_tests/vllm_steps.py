@@ -1,6 +1,6 @@
 """Summarize the vLLM scheduler class's step logs (STREAMRAG_VLLM_STEP_LOG, one JSON line per step).
 
-    python -m load_tests.vllm_steps PREFIX.*.jsonl
+    streamrag bench steplog PREFIX.*.jsonl
 
 Per file (one vLLM engine-core process = one service = one policy): steps, share of the token
 budget used, tokens to complete and to partial prompts, steps where the class held requests back,
@@ -9,13 +9,19 @@ preemptions (ours and in total), and the largest queues (docs/vllm.md, "Our poli
 
 from __future__ import annotations
 
+import argparse
 import json
-import sys
 from pathlib import Path
 
 
-def main(paths: list[str], budget: int = 256) -> None:
-    for path in paths:
+def add_bench_steplog_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("paths", nargs="+", type=Path, metavar="STEP_LOG", help="PREFIX.*.jsonl")
+    parser.add_argument("--budget", type=int, default=256, help="the token budget of a full step")
+
+
+def run_bench_steplog(args: argparse.Namespace) -> int:
+    budget = args.budget
+    for path in args.paths:
         steps = [json.loads(line) for line in Path(path).read_text(encoding="utf-8").splitlines() if line.strip()]
         busy = [s for s in steps if s["requests"]]
         if not busy:
@@ -32,6 +38,4 @@ def main(paths: list[str], budget: int = 256) -> None:
               f"idle sessions {max(s['idle'] for s in steps)}; min free blocks {min(s['free_blocks'] for s in steps)}; "
               f"steps with a complete request not scheduled {sum(1 for s in busy if s['complete_not_scheduled'])}")
 
-
-if __name__ == "__main__":
-    main(sys.argv[1:])
+    return 0

@@ -1,6 +1,6 @@
 """Which requests' work ran while a slow request waited for its first token (a service's step log).
 
-    python -m load_tests.who RUN_DIR STEP_LOG [--engine native|vllm] [--policy fcfs] [--top 5]
+    streamrag bench who RUN_DIR STEP_LOG [--engine native|vllm] [--policy fcfs] [--top 5]
         [--ids anns-00028,...] [--mode streaming|non-streaming]
 
 RUN_DIR is one `bench replay` run (its requests.jsonl); STEP_LOG is the step log
@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import sys
 from collections import defaultdict
 from pathlib import Path
 
@@ -46,8 +47,7 @@ def _recorded_start(run: Path, engine: str, policy: str, streaming: bool) -> flo
     return None
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def add_bench_who_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("run", type=Path)
     parser.add_argument("step_log", type=Path)
     parser.add_argument("--engine", choices=["native", "vllm"], default="vllm")
@@ -55,7 +55,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--mode", choices=["streaming", "non-streaming"], default="streaming")
     parser.add_argument("--top", type=int, default=5)
     parser.add_argument("--ids", default=None, help="comma-separated query ids instead of the slowest")
-    args = parser.parse_args(argv)
+
+
+def run_bench_who(args: argparse.Namespace) -> int:
 
     rows = [json.loads(line) for line in (args.run / "requests.jsonl").read_text().splitlines() if line.strip()]
     streaming = args.mode == "streaming"
@@ -71,7 +73,8 @@ def main(argv: list[str] | None = None) -> None:
             if q in rows and q not in first_seen:
                 first_seen[q] = s["t"]
     if not first_seen:
-        raise SystemExit("no request of the run appears in the step log (another run's log?)")
+        print("error: no request of the run appears in the step log (another run's log?)", file=sys.stderr)
+        return 2
     offset = _recorded_start(args.run, args.engine, args.policy, streaming)
     if offset is None:
         offset = min(first_seen[q] - rows[q]["arrival_s"] for q in first_seen)
@@ -96,7 +99,4 @@ def main(argv: list[str] | None = None) -> None:
         total = sum(by_request.values())
         ranked = sorted(by_request.items(), key=lambda kv: -kv[1])
         print("  tokens in the window: " + ", ".join(f"{k} {v}" for k, v in ranked) + f" (total {total})")
-
-
-if __name__ == "__main__":
-    main()
+    return 0

@@ -6,6 +6,9 @@ flag functions are imported when the parser is built, so their modules stay ligh
 transformers or vllm at import: tests/test_layering.py checks); the handler's module is imported
 only when its command runs, so `streamrag --help` is instant and a command never pays for
 another's dependencies.
+
+Every `bench` command but `bench report` runs holding the CPU lock (`load_tests.runner.cpu_lock`),
+so a figure is reproduced by its command alone and two benchmarks never share the cores.
 """
 
 from __future__ import annotations
@@ -33,8 +36,11 @@ GROUPS = {
     "serve": ("run one service in the foreground", "SERVICE"),
     "index": ("build the bundled index; add and remove your own documents", "ACTION"),
     "trace": ("record, synthesize or summarize retrieval traces", "ACTION"),
-    "bench": ("benchmarks that print tables and write JSON", "BENCH"),
+    "bench": ("benchmarks that print tables and write JSON; each holds the CPU lock", "BENCH"),
 }
+# The bench commands that measure nothing (they read what a bench wrote), so take no CPU lock;
+# `bench cpu record` runs beside a bench.
+CPU_FREE = {"bench report", "bench who", "bench steplog", "bench per-request", "bench ttft-floor", "bench cpu"}
 
 COMMANDS = (
     Command("model prepare", "convert the bundled SmolLM2-135M-Instruct GGUF into a Hugging Face directory",
@@ -95,6 +101,9 @@ COMMANDS = (
             "load_tests.blend_bench:add_args", "load_tests.blend_bench:run"),
     Command("bench replay", "replay a trace against Inference: streaming vs non-streaming",
             "load_tests.replay:add_bench_replay_args", "load_tests.replay:run_bench_replay"),
+    Command("bench paper", "the Stream2LLM evaluation on this machine: load sweeps, memory pressure and ours against "
+            "vLLM, each step a bench replay over every seed",
+            "load_tests.paper:add_bench_paper_args", "load_tests.paper:run_bench_paper"),
     Command("bench quality", "retrieval quality through the stack: hit@k of the answering page, time to the first "
                              "relevant chunk, per retriever",
             "load_tests.quality:add_bench_quality_args", "load_tests.quality:run_bench_quality"),
@@ -109,6 +118,18 @@ COMMANDS = (
             "load_tests.sessions_bench:add_bench_sessions_args", "load_tests.sessions_bench:run_bench_sessions"),
     Command("bench report", "regenerate the results page (docs/results.md) and its plots from the result summaries",
             "load_tests.results_page:add_bench_report_args", "load_tests.results_page:run_bench_report"),
+    Command("bench embed", "embedding backends side by side: passages/s and agreement with the reference",
+            "load_tests.embed_options:add_bench_embed_args", "load_tests.embed_options:run_bench_embed"),
+    Command("bench ttft-floor", "a replay run's zero-load TTFT bound per request: the whole prefill against the last "
+            "chunk's", "load_tests.ttft_floor:add_bench_ttft_floor_args", "load_tests.ttft_floor:run_bench_ttft_floor"),
+    Command("bench per-request", "which requests of replay runs streaming made slower, and by how much",
+            "load_tests.per_request:add_bench_per_request_args", "load_tests.per_request:run_bench_per_request"),
+    Command("bench who", "the engine steps between a request's last chunk and its first token (a step log)",
+            "load_tests.who:add_bench_who_args", "load_tests.who:run_bench_who"),
+    Command("bench steplog", "summarize our class's step logs inside vLLM (STREAMRAG_VLLM_STEP_LOG)",
+            "load_tests.vllm_steps:add_bench_steplog_args", "load_tests.vllm_steps:run_bench_steplog"),
+    Command("bench cpu", "record every process's CPU time; report it for each slow step of a step log",
+            "load_tests.cpu_sampler:add_bench_cpu_args", "load_tests.cpu_sampler:run_bench_cpu"),
     Command("bench gateway", "time to first token and per-token overhead the HTTP gateway adds to an Ask",
             "load_tests.gateway_bench:add_bench_gateway_args", "load_tests.gateway_bench:run_bench_gateway"),
     Command("bench chaos", "a soak of asks while services are killed and frozen: failures per fault, recovery, "
@@ -136,6 +157,16 @@ def lazy(target: str) -> Handler:
     return lambda args: resolve(target)(args)
 
 
+def holding_cpu_lock(handler: Handler) -> Handler:
+    """`handler` run under the CPU lock (/tmp/streamrag-cpu.lock), waiting while another bench holds it."""
+    def run(args: argparse.Namespace) -> int:
+        from load_tests.runner import cpu_lock
+
+        with cpu_lock():
+            return handler(args)
+    return run
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="streamrag",
@@ -155,7 +186,10 @@ def build_parser() -> argparse.ArgumentParser:
             commands = groups[word]
         sub = commands.add_parser(name, help=command.help)
         resolve(command.args)(sub)
-        sub.set_defaults(handler=lazy(command.run))
+        handler = lazy(command.run)
+        if group == ["bench"] and command.path not in CPU_FREE:
+            handler = holding_cpu_lock(handler)
+        sub.set_defaults(handler=handler)
     return parser
 
 

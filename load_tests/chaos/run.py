@@ -21,7 +21,7 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from load_tests.cli_types import positive_int, write_json
+from load_tests.runner import positive_int, write_json
 
 TUTORIAL = Path("/usr/share/doc/python3.11/html/tutorial")
 

@@ -7,7 +7,7 @@ import statistics
 from collections.abc import Sequence
 from typing import Any
 
-from load_tests.seeds import spread
+from load_tests.runner import spread
 
 METRICS = ("session_query_ttft_ms", "session_query_server_ttft_ms", "generate_ttft_ms", "prefix_cache_ttft_ms",
            "flash_hit_ms", "flash_hit_server_ms", "vllm_prefix_cache_ttft_ms")

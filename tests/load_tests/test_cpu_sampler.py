@@ -1,4 +1,4 @@
-"""load_tests.cpu_sampler: slow steps are told from idle gaps, and CPU is attributed per window."""
+"""`streamrag bench cpu`: slow steps are told from idle gaps, and CPU is attributed per window."""
 
 import json
 import os
@@ -43,7 +43,7 @@ def test_cpu_is_taken_between_the_bracketing_samples():
 
 def test_record_writes_samples_until_terminated(tmp_path):
     out = tmp_path / "samples.jsonl"
-    proc = subprocess.Popen([sys.executable, "-m", "load_tests.cpu_sampler", "record", "--out", str(out),
+    proc = subprocess.Popen([sys.executable, "-m", "streamrag.cli", "bench", "cpu", "record", "--out", str(out),
                              "--interval", "0.05"])
     deadline = time.time() + 60
     while time.time() < deadline and (not out.exists() or len(out.read_text().splitlines()) < 2):
@@ -53,14 +53,14 @@ def test_record_writes_samples_until_terminated(tmp_path):
     lines = [json.loads(line) for line in out.read_text().splitlines()]
     assert len(lines) >= 2
     assert str(proc.pid) in lines[0]["cpu"]
-    assert "cpu_sampler" in lines[0]["labels"][str(proc.pid)]
+    assert "streamrag.cli bench" in lines[0]["labels"][str(proc.pid)]
     assert str(os.getpid()) in lines[0]["cpu"]
 
 
 def test_threads_are_sampled_for_the_named_processes(tmp_path):
     out = tmp_path / "samples.jsonl"
-    proc = subprocess.Popen([sys.executable, "-m", "load_tests.cpu_sampler", "record", "--out", str(out),
-                             "--interval", "0.05", "--threads-of", "cpu_sampler"])
+    proc = subprocess.Popen([sys.executable, "-m", "streamrag.cli", "bench", "cpu", "record", "--out", str(out),
+                             "--interval", "0.05", "--threads-of", "streamrag.cli"])
     deadline = time.time() + 60
     while time.time() < deadline and (not out.exists() or len(out.read_text().splitlines()) < 2):
         time.sleep(0.05)
@@ -86,7 +86,8 @@ def test_a_compressed_recording_reads_like_the_plain_one(tmp_path):
 def test_an_empty_recording_is_refused_by_name(tmp_path):
     (tmp_path / "cpu.jsonl").write_text("")
     (tmp_path / "steps.jsonl").write_text("")
-    result = subprocess.run([sys.executable, "-m", "load_tests.cpu_sampler", "report", str(tmp_path / "cpu.jsonl"),
-                             str(tmp_path / "steps.jsonl")], capture_output=True, text=True, timeout=60)
+    result = subprocess.run([sys.executable, "-m", "streamrag.cli", "bench", "cpu", "report",
+                             str(tmp_path / "cpu.jsonl"), str(tmp_path / "steps.jsonl")],
+                            capture_output=True, text=True, timeout=60)
     assert result.returncode == 1
     assert "no samples" in result.stderr and "Traceback" not in result.stderr

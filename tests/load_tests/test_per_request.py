@@ -2,9 +2,16 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 
-from load_tests.per_request import load_rows, main, pairs
+from load_tests.per_request import add_bench_per_request_args, load_rows, pairs, run_bench_per_request
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser()
+    add_bench_per_request_args(parser)
+    return run_bench_per_request(parser.parse_args(argv))
 
 
 def row(query: str, streaming: bool, ttft: float | None, qps: float = 0.333, error: str | None = None) -> dict:

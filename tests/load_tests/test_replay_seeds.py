@@ -1,10 +1,8 @@
-"""Several arrival seeds combine into medians and spreads."""
+"""Several arrival seeds of `bench replay --seeds` combine into medians and spreads, and into peer ratios."""
 
 from __future__ import annotations
 
-import json
-
-from load_tests.seeds import combine, main
+from load_tests.replay_seeds import combine, peer_ratios, render
 
 
 def config(streaming: bool, p50: float, speedup: float | None, recomputes: int = 0) -> dict:
@@ -26,13 +24,13 @@ def test_median_and_spread_per_configuration():
     assert (rows[True]["preemptions_recompute"], rows[True]["preemptions_swap"]) == (6, 1)
 
 
-def test_the_command_reads_summaries_and_refuses_a_missing_one(tmp_path, capsys):
-    for seed in range(2):
-        run = tmp_path / f"seed-{seed}"
-        run.mkdir()
-        (run / "summary.json").write_text(json.dumps({"configs": [config(True, 1.0 + seed, 2.0)]}))
-    assert main([str(tmp_path / "seed-0"), str(tmp_path / "seed-1"), "--label", "after"]) == 0
-    out = capsys.readouterr().out
-    assert "2.00 (2.00-2.00)" in out and "| 0 / 1 |" in out
-    assert (tmp_path / "seeds.json").is_file()
-    assert main([str(tmp_path / "nope")]) == 2
+def test_the_table_and_the_peer_ratios_show_every_seed():
+    runs = [[config(True, 1.0 + seed, 2.0), config(False, 2.0 + seed, None)] for seed in range(2)]
+    table = render(combine(runs), label="after")
+    assert "**after**" in table and "2.00 (2.00-2.00)" in table and "| 0 / 1 |" in table
+    for configs in runs:
+        for c in configs:
+            c.update(policy="fcfs", requests=30)
+    lines = peer_ratios(runs)
+    assert lines[-4] == "median (min-max) over 2 seed(s):"
+    assert lines[-1].startswith("    native fcfs-S vs native-NS p99: ")

@@ -1,5 +1,5 @@
-"""The benchmark CLIs' shared argument types: a bad list or number is an argparse error with the
-flag's name, never a traceback, and --json writes its folder too."""
+"""What the benchmark CLIs share (load_tests/runner.py): a bad list or number is an argparse error with the
+flag's name, never a traceback; --json writes its folder too; the CPU lock is held once per bench."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ import json
 
 import pytest
 
-from load_tests.cli_types import int_list, positive_float, positive_int, positive_int_list, write_json
 from load_tests.concurrent_bench import add_bench_concurrent_args
 from load_tests.decode_bench import add_bench_decode_args
+from load_tests.runner import int_list, positive_float, positive_int, positive_int_list, write_json
 from load_tests.sessions_bench import add_bench_sessions_args
 
 
@@ -49,3 +49,22 @@ def test_write_json_creates_the_folder(tmp_path):
     write_json(path, {"rows": [1, 2]})
     assert json.loads(path.read_text()) == {"rows": [1, 2]}
     assert path.read_text().endswith("\n")
+
+
+def test_the_cpu_lock_is_held_for_the_block_and_not_taken_twice(tmp_path, monkeypatch):
+    import fcntl
+    import os
+
+    from load_tests.runner import CPU_LOCKED_ENV, cpu_lock
+
+    monkeypatch.delenv(CPU_LOCKED_ENV, raising=False)
+    path = tmp_path / "cpu.lock"
+    with cpu_lock(path):
+        assert os.environ[CPU_LOCKED_ENV] == "1"          # what a bench's subprocesses inherit
+        with open(path) as other, pytest.raises(BlockingIOError):
+            fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)   # another open file (another bench) waits
+        with cpu_lock(path):                               # a nested bench does not wait for itself
+            pass
+    assert CPU_LOCKED_ENV not in os.environ
+    with open(path) as other:
+        fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)  # free again

@@ -1,12 +1,17 @@
-"""`python -m load_tests.who`: the steps between a request's last chunk and its first token, by request."""
+"""`streamrag bench who`: the steps between a request's last chunk and its first token, by request."""
 
 from __future__ import annotations
 
+import argparse
 import json
 
-import pytest
+from load_tests.who import add_bench_who_args, run_bench_who
 
-from load_tests.who import main
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser()
+    add_bench_who_args(parser)
+    return run_bench_who(parser.parse_args(argv))
 
 START = 1_000.0      # the run's zero in wall time
 
@@ -38,9 +43,9 @@ def test_the_window_names_whose_work_ran_while_a_request_waited(tmp_path, capsys
     assert "tokens in the window: anns-00001 236, anns-00002 200 (total 436)" in out
 
 
-def test_another_engines_rows_are_not_read(tmp_path):
+def test_another_engines_rows_are_not_read(tmp_path, capsys):
     write_run(tmp_path, "vllm")
     log = tmp_path / "steps.jsonl"
     log.write_text(json.dumps({"t": START + 1.1, "scheduled": {"x-s-anns-00001": 16}, "complete": []}) + "\n")
-    with pytest.raises(SystemExit, match="no request of the run appears"):
-        main([str(tmp_path), str(log), "--engine", "native"])
+    assert main([str(tmp_path), str(log), "--engine", "native"]) == 2
+    assert "no request of the run appears" in capsys.readouterr().err
