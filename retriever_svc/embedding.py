@@ -152,7 +152,7 @@ class Embedder:
     def __init__(self, backend: str, tokenizer: Any, infer: Callable[[np.ndarray, np.ndarray], np.ndarray]) -> None:
         self.backend = backend
         self.tokenizer = tokenizer
-        self._infer = infer                 # (input_ids, attention_mask) -> (n, 384) vectors
+        self._infer = infer                 # (input_ids, attention_mask) -> (n, EMBEDDING_DIM) vectors
         self._lock = threading.Lock()       # a fast tokenizer must not be used by two threads at once
 
     def encode(self, texts: list[str], batch_size: int = 64) -> np.ndarray:
@@ -237,7 +237,7 @@ def load_embedder(backend: str = EMBED_BACKEND, dtype: str = "auto", device: str
 
 
 def embed(texts: list[str], batch_size: int = 64, backend: str = EMBED_BACKEND, dtype: str = "auto") -> np.ndarray:
-    """Embed ``texts`` into an L2-normalized float32 array of shape ``(len(texts), 384)``."""
+    """Embed ``texts`` into an L2-normalized float32 array of shape ``(len(texts), EMBEDDING_DIM)``."""
     if not texts:
         return np.zeros((0, EMBEDDING_DIM), dtype=np.float32)
     return load_embedder(backend, dtype).encode(list(texts), batch_size)

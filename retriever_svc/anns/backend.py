@@ -28,6 +28,7 @@ from retriever_svc.anns.stages import Stage
 from retriever_svc.collections.registry import CollectionRegistry, DefaultCollection
 from retriever_svc.corpus.index import default_index_dir, read_manifest
 from retriever_svc.corpus.passages import Passage
+from retriever_svc.embedding import EMBEDDING_DIM
 from retriever_svc.service import InvalidQuery, RetrievalQuery
 from retriever_svc.stability import stability_hints
 
@@ -110,7 +111,7 @@ class AnnsBackend:
                 self._queries.wait_for(lambda: self._queries_waiting == 0, timeout=QUERY_PRIORITY_MAX_WAIT_S)
             with self.embed_lock:
                 parts.append(embed_passages(passages[start:start + INGEST_BATCH], "auto", progress=False))
-        return np.concatenate(parts) if parts else np.zeros((0, 384), dtype=np.float32)
+        return np.concatenate(parts) if parts else np.zeros((0, EMBEDDING_DIM), dtype=np.float32)
 
     def settings(self, options: Mapping[str, str]) -> tuple[tuple[int, ...], int, bool]:
         """(schedule, beam width, measure recall) for one query; InvalidQuery on bad values."""

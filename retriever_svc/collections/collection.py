@@ -13,12 +13,12 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
 
 import numpy as np
 
 from retriever_svc.anns.stages import Stage
 from retriever_svc.collections.live import LiveIndex
+from retriever_svc.collections.search_index import SearchIndex
 from retriever_svc.collections.store import CollectionStore
 from retriever_svc.corpus.loaders import UnreadableFile, load_page
 from retriever_svc.corpus.passages import DEFAULT_MAX_TOKENS, Passage, TokenCounter, split_page
@@ -26,25 +26,6 @@ from retriever_svc.corpus.passages import DEFAULT_MAX_TOKENS, Passage, TokenCoun
 STORE_FILE = "collection.sqlite"
 # passages -> their normalized vectors, row by row
 EmbedPassages = Callable[[list[Passage]], np.ndarray]
-
-
-class SearchIndex(Protocol):
-    """What a collection searches and writes through: `live.LiveIndex` (diskannpy, the default) or
-    `retriever_svc.milvus.live.MilvusLiveIndex`. The store stays the truth either way."""
-
-    merging: bool
-
-    @property
-    def size(self) -> int: ...
-    def counts(self) -> dict[str, int]: ...     # disk_passages, memory_passages, deleted_passages
-    def stages(self, vector: np.ndarray, k: int, schedule: Sequence[int], beam_width: int) -> Iterator[Stage]: ...
-    def exact(self, vector: np.ndarray, k: int) -> list[int]: ...
-    def writing(self): ...                      # a lock held around a store commit and its apply/remove
-    def apply(self, change, vectors: np.ndarray) -> None: ...
-    def remove(self, pids: Sequence[int]) -> None: ...
-    def needs_merge(self) -> bool: ...
-    def merge(self, threads: int = 1, wait: bool = True) -> bool: ...
-    def drop(self) -> None: ...                 # the collection is being dropped: release what lives elsewhere
 
 
 # (collection folder, its store) -> its index

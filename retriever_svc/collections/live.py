@@ -28,7 +28,8 @@ from pathlib import Path
 import numpy as np
 
 from retriever_svc.anns.stages import Stage, exact_top, staged
-from retriever_svc.collections.store import DIM, CollectionStore, FileChange
+from retriever_svc.collections.search_index import SearchIndex
+from retriever_svc.collections.store import CollectionStore, FileChange
 from retriever_svc.corpus.index import BuildParams, build_disk_index, open_disk_searcher
 
 GENERATION_KEY = "generation"
@@ -75,15 +76,11 @@ class View:
         return self.disk_size - len(self.deleted) + len(self.memory_pids)
 
 
-class LiveIndex:
+class LiveIndex(SearchIndex):
     """The searchable side of one collection directory (`collection.sqlite`, `gen-N/`)."""
 
     def __init__(self, directory: Path, store: CollectionStore) -> None:
-        self.directory = Path(directory)
-        self.store = store
-        self._write_lock = threading.Lock()       # one writer (add, remove, merge swap) at a time
-        self._merge_lock = threading.Lock()       # one merge at a time
-        self.merging = False
+        super().__init__(directory, store)
         self.view = self._load()
 
     # ---- opening ----
@@ -110,9 +107,6 @@ class LiveIndex:
         view = self.view
         return {"disk_passages": view.disk_size, "memory_passages": len(view.memory_pids),
                 "deleted_passages": len(view.deleted)}
-
-    def drop(self) -> None:
-        """Nothing lives outside the collection's folder."""
 
     # ---- searching ----
     def search(self, vector: np.ndarray, k: int, search_list_size: int, beam_width: int,
@@ -148,23 +142,12 @@ class LiveIndex:
         k = max(1, min(k, view.size))
         return staged(lambda v, kk, size: self.search(v, kk, size, beam_width, view), vector, k, schedule)
 
-    def exact(self, vector: np.ndarray, k: int) -> list[int]:
-        """Brute-force top-k live pids (ground truth for recall)."""
-        pids, vectors = self.store.vectors()
-        return pids[exact_top(vectors, vector, k)].tolist()
-
     # ---- writing ----
-    def writing(self) -> threading.Lock:
-        """Held around a store commit and its `apply`/`remove`, so that a merge never sees one without the other."""
-        return self._write_lock
-
     def apply(self, change: FileChange, vectors: np.ndarray) -> None:
-        """Publish a committed file change (under `writing()`): its old passages leave, its new ones join."""
         self._publish(change.removed_pids, np.asarray(change.added_pids, dtype=np.int64), vectors)
 
     def remove(self, pids: Sequence[int]) -> None:
-        """Publish committed removals (under `writing()`)."""
-        self._publish(pids, np.zeros(0, dtype=np.int64), np.zeros((0, DIM), dtype=np.float32))
+        self._publish(pids, np.zeros(0, dtype=np.int64), self.no_vectors())
 
     def _publish(self, removed: Sequence[int], added: np.ndarray, vectors: np.ndarray) -> None:
         view = self.view
@@ -173,8 +156,8 @@ class LiveIndex:
         disk_pids = set() if view.disk is None else set(view.disk.pids.tolist())
         self.view = replace(
             view, memory_pids=np.concatenate([view.memory_pids[keep], added]),
-            memory_vectors=np.concatenate([view.memory_vectors.reshape(-1, DIM)[keep],
-                                           np.asarray(vectors, dtype=np.float32).reshape(-1, DIM)]),
+            memory_vectors=np.concatenate([view.memory_vectors.reshape(-1, self.DIM)[keep],
+                                           np.asarray(vectors, dtype=np.float32).reshape(-1, self.DIM)]),
             deleted=view.deleted | (gone & disk_pids))
 
     # ---- merging ----
@@ -183,46 +166,37 @@ class LiveIndex:
         return (len(view.memory_pids) >= MERGE_MEMORY_PASSAGES
                 or (view.disk_size > 0 and len(view.deleted) >= MERGE_DELETED_FRACTION * view.disk_size))
 
-    def merge(self, threads: int = 1, wait: bool = True) -> bool:
-        """Build the next generation from the store and swap it in. With `wait`, a merge already running is
-        waited for first (then this one merges what came after it); without, this returns False at once."""
-        if not self._merge_lock.acquire(blocking=wait):
-            return False
-        try:
-            self.merging = True
-            with self._write_lock:                 # a consistent snapshot: no file half-applied
-                pids, vectors = self.store.vectors()
-                watermark = self.store.max_pid()
-            generation = self.view.generation + 1
-            target = self.directory / f"gen-{generation}"
-            partial = self.directory / f".gen-{generation}.partial"
-            shutil.rmtree(partial, ignore_errors=True)
-            partial.mkdir()
+    def _merge(self, threads: int) -> None:
+        """Build the next generation from the store and swap it in."""
+        with self._write_lock:                 # a consistent snapshot: no file half-applied
+            pids, vectors = self.store.vectors()
+            watermark = self.store.max_pid()
+        generation = self.view.generation + 1
+        target = self.directory / f"gen-{generation}"
+        partial = self.directory / f".gen-{generation}.partial"
+        shutil.rmtree(partial, ignore_errors=True)
+        partial.mkdir()
+        if len(pids):
+            build_disk_index(vectors, partial, MERGE_PARAMS, threads)
+        np.save(partial / PIDS, pids)
+        _fsync_tree(partial)
+        os.replace(partial, target)
+        with self._write_lock:
             if len(pids):
-                build_disk_index(vectors, partial, MERGE_PARAMS, threads)
-            np.save(partial / PIDS, pids)
-            _fsync_tree(partial)
-            os.replace(partial, target)
-            with self._write_lock:
-                if len(pids):
-                    disk = DiskPart(target, pids)
-                    # What changed while the snapshot was being indexed stays in the memory part.
-                    deleted = frozenset(set(pids.tolist()) - set(self.store.live_pids(pids).tolist()))
-                else:
-                    disk, deleted = None, frozenset()
-                after_pids, after_vectors = self.store.vectors(after_pid=watermark)
-                self.store.set_meta({GENERATION_KEY: str(generation if len(pids) else 0),
-                                     WATERMARK_KEY: str(watermark)})
-                old = self.view
-                self.view = View(generation if len(pids) else 0, disk, after_pids, after_vectors, deleted)
-            if old.disk is not None:
-                shutil.rmtree(old.disk.directory, ignore_errors=True)   # open searchers keep their files
-            if not len(pids):
-                shutil.rmtree(target, ignore_errors=True)
-            return True
-        finally:
-            self.merging = False
-            self._merge_lock.release()
+                disk = DiskPart(target, pids)
+                # What changed while the snapshot was being indexed stays in the memory part.
+                deleted = frozenset(set(pids.tolist()) - set(self.store.live_pids(pids).tolist()))
+            else:
+                disk, deleted = None, frozenset()
+            after_pids, after_vectors = self.store.vectors(after_pid=watermark)
+            self.store.set_meta({GENERATION_KEY: str(generation if len(pids) else 0),
+                                 WATERMARK_KEY: str(watermark)})
+            old = self.view
+            self.view = View(generation if len(pids) else 0, disk, after_pids, after_vectors, deleted)
+        if old.disk is not None:
+            shutil.rmtree(old.disk.directory, ignore_errors=True)   # open searchers keep their files
+        if not len(pids):
+            shutil.rmtree(target, ignore_errors=True)
 
 
 def _fsync_tree(directory: Path) -> None:

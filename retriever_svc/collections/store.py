@@ -22,6 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from retriever_svc.corpus.passages import Passage
+from retriever_svc.embedding import EMBEDDING_DIM
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS files (path TEXT PRIMARY KEY, sha256 TEXT NOT NULL, passages INTEGER NOT NULL,
@@ -32,7 +33,6 @@ CREATE TABLE IF NOT EXISTS passages (pid INTEGER PRIMARY KEY AUTOINCREMENT, path
 CREATE INDEX IF NOT EXISTS passages_by_path ON passages (path);
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 """
-DIM = 384
 
 
 @dataclass(frozen=True)
@@ -94,7 +94,7 @@ class CollectionStore:
             rows = self._db.execute("SELECT pid, vector FROM passages WHERE pid > ? ORDER BY pid",
                                     (after_pid,)).fetchall()
         pids = np.array([row[0] for row in rows], dtype=np.int64)
-        vectors = np.frombuffer(b"".join(row[1] for row in rows), dtype=np.float32).reshape(len(rows), DIM)
+        vectors = np.frombuffer(b"".join(row[1] for row in rows), dtype=np.float32).reshape(len(rows), EMBEDDING_DIM)
         return pids, vectors
 
     def live_pids(self, pids: np.ndarray) -> np.ndarray:

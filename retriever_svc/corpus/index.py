@@ -35,6 +35,7 @@ from retriever_svc.corpus.checkpoint import (
 from retriever_svc.corpus.extract import extract_html, html_files
 from retriever_svc.corpus.passages import DEFAULT_MAX_TOKENS, Passage, split_page
 from retriever_svc.corpus.store import write_store
+from retriever_svc.embedding import EMBEDDING_DIM
 
 FORMAT_VERSION = 3            # bump when extraction, splitting, the embedding backend or the file layout changes
 DEFAULT_SOURCE = Path("/usr/share/doc/python3.11/html")
@@ -53,7 +54,7 @@ class BuildParams:
     max_tokens: int = DEFAULT_MAX_TOKENS
     graph_degree: int = 64          # DiskANN R
     build_complexity: int = 128     # DiskANN L at build time
-    pq_chunks: int = 96             # bytes per vector kept in memory (384 dims / 4)
+    pq_chunks: int = EMBEDDING_DIM // 4   # bytes per vector kept in memory (96: a quarter of the dims)
     alpha: float = 1.2
     embed_dtype: str = "auto"       # bfloat16 where the CPU has native bf16 (~2x faster; vectors differ by < 1e-4)
 
@@ -114,7 +115,7 @@ def embed_passages(passages: list[Passage], dtype: str, progress: bool, batch: i
     import numpy as np
     from tqdm import tqdm
 
-    from retriever_svc.embedding import EMBED_BACKEND, EMBEDDING_DIM, load_embedder
+    from retriever_svc.embedding import EMBED_BACKEND, load_embedder
 
     embedder = load_embedder(backend or EMBED_BACKEND, dtype)
     texts = [passage_input(p) for p in passages]

@@ -1,4 +1,4 @@
-"""One Milvus collection of passage vectors: (pid INT64 primary key, vector FLOAT_VECTOR[384]), metric IP.
+"""One Milvus collection of passage vectors: (pid INT64 primary key, vector FLOAT_VECTOR[EMBEDDING_DIM]), metric IP.
 
 Searches run at a growing candidate list size, as the diskannpy backend does (`stages.staged`):
 DISKANN's `search_list` or HNSW's `ef`, each stage one Milvus search, raised to at least k and
@@ -14,9 +14,9 @@ from collections.abc import Iterator, Sequence
 import numpy as np
 
 from retriever_svc.anns.stages import Stage, staged
+from retriever_svc.embedding import EMBEDDING_DIM
 from retriever_svc.milvus.connection import MilvusConnection, index_params, max_search_list, search_params
 
-DIM = 384
 PID, VECTOR = "pid", "vector"
 WRITE_BATCH = 2000            # rows per insert call (a gRPC message stays well under Milvus's limits)
 QUERY_WINDOW = 10_000         # pids per reconcile query (Milvus returns at most 16,384 rows per query)
@@ -58,7 +58,7 @@ class MilvusIndex:
             collection = Collection(self.name, using=alias)
         else:
             schema = CollectionSchema([FieldSchema(PID, DataType.INT64, is_primary=True),
-                                       FieldSchema(VECTOR, DataType.FLOAT_VECTOR, dim=DIM)],
+                                       FieldSchema(VECTOR, DataType.FLOAT_VECTOR, dim=EMBEDDING_DIM)],
                                       description="streamrag passages")
             collection = Collection(self.name, schema, using=alias, consistency_level="Bounded", timeout=timeout)
         if not collection.has_index(timeout=timeout):
@@ -90,7 +90,7 @@ class MilvusIndex:
     # ---- writing ----
     def insert(self, pids: Sequence[int], vectors: np.ndarray) -> None:
         collection = self.collection()
-        vectors = np.asarray(vectors, dtype=np.float32).reshape(-1, DIM)
+        vectors = np.asarray(vectors, dtype=np.float32).reshape(-1, EMBEDDING_DIM)
         timeout = self.connection.settings.timeout_s * 4
         self._last_write = time.monotonic()
         for start in range(0, len(pids), WRITE_BATCH):

@@ -18,15 +18,15 @@ from __future__ import annotations
 
 import contextlib
 import re
-import threading
 import uuid
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import numpy as np
 
-from retriever_svc.anns.stages import Stage, exact_top
+from retriever_svc.anns.stages import Stage
 from retriever_svc.collections.live import MERGE_MEMORY_PASSAGES
+from retriever_svc.collections.search_index import SearchIndex
 from retriever_svc.collections.store import CollectionStore, FileChange
 from retriever_svc.milvus.connection import MilvusConnection
 from retriever_svc.milvus.index import MilvusIndex
@@ -40,20 +40,16 @@ def milvus_name(collection: str) -> str:
     return "sr_" + re.sub(r"[^A-Za-z0-9]", "_", collection) + "_" + uuid.uuid4().hex[:12]
 
 
-class MilvusLiveIndex:
-    """The `collection.SearchIndex` of one collection folder, on Milvus."""
+class MilvusLiveIndex(SearchIndex):
+    """The `search_index.SearchIndex` of one collection folder, on Milvus."""
 
     def __init__(self, directory: Path, store: CollectionStore, connection: MilvusConnection) -> None:
-        self.directory = Path(directory)
-        self.store = store
+        super().__init__(directory, store)
         name = store.meta(NAME_KEY)
         if not name:
             name = milvus_name(self.directory.name)
             store.set_meta({NAME_KEY: name})
         self.milvus = MilvusIndex(connection, name)
-        self._write_lock = threading.Lock()
-        self._merge_lock = threading.Lock()
-        self.merging = False
         self._size = store.counts()[1]
         self._unsealed: set[int] = set()   # pids inserted since the last flush and not removed since
         self.out_of_step = True            # reconciled at the first merge (and after any failed write)
@@ -73,21 +69,14 @@ class MilvusLiveIndex:
         """`beam_width` is DiskANN's I/O width inside Milvus (its `BeamWidthRatio`), not a per-search option."""
         return self.milvus.stages(vector, max(1, min(k, max(self._size, 1))), schedule)
 
-    def exact(self, vector: np.ndarray, k: int) -> list[int]:
-        pids, vectors = self.store.vectors()
-        return pids[exact_top(vectors, vector, k)].tolist()
-
     # ---- writing ----
-    def writing(self) -> threading.Lock:
-        return self._write_lock
-
     def apply(self, change: FileChange, vectors: np.ndarray) -> None:
         self._size = self.store.counts()[1]
         self._write(change.removed_pids, change.added_pids, vectors)
 
     def remove(self, pids: Sequence[int]) -> None:
         self._size = self.store.counts()[1]
-        self._write(pids, [], np.zeros((0, 384), dtype=np.float32))
+        self._write(pids, [], self.no_vectors())
 
     def _write(self, removed: Sequence[int], added: Sequence[int], vectors: np.ndarray) -> None:
         try:
@@ -106,30 +95,22 @@ class MilvusLiveIndex:
     def needs_merge(self) -> bool:
         return self.out_of_step or len(self._unsealed) >= MERGE_MEMORY_PASSAGES
 
-    def merge(self, threads: int = 1, wait: bool = True) -> bool:
+    def _merge(self, threads: int) -> None:
         """Reconcile Milvus with the store (when out of step) and flush what was inserted since the last one."""
-        if not self._merge_lock.acquire(blocking=wait):
-            return False
-        try:
-            self.merging = True
-            with self._write_lock:
-                if self.out_of_step:
-                    pids, _ = self.store.vectors()
-                    self.milvus.reconcile(pids, self._vectors_of, self.store.max_pid())
-                    self.out_of_step = False
-                unsealed, self._unsealed = self._unsealed, set()
-            if unsealed:
-                try:
-                    self.milvus.flush()
-                except RetrieverUnavailable:
-                    with self._write_lock:            # still unsealed, less what was removed meanwhile
-                        kept = self.store.live_pids(np.fromiter(unsealed, dtype=np.int64))
-                        self._unsealed.update(kept.tolist())
-                    raise
-            return True
-        finally:
-            self.merging = False
-            self._merge_lock.release()
+        with self._write_lock:
+            if self.out_of_step:
+                pids, _ = self.store.vectors()
+                self.milvus.reconcile(pids, self._vectors_of, self.store.max_pid())
+                self.out_of_step = False
+            unsealed, self._unsealed = self._unsealed, set()
+        if unsealed:
+            try:
+                self.milvus.flush()
+            except RetrieverUnavailable:
+                with self._write_lock:            # still unsealed, less what was removed meanwhile
+                    kept = self.store.live_pids(np.fromiter(unsealed, dtype=np.int64))
+                    self._unsealed.update(kept.tolist())
+                raise
 
     def _vectors_of(self, pids: np.ndarray) -> np.ndarray:
         all_pids, vectors = self.store.vectors()
