@@ -408,15 +408,16 @@ def device_calls_section(setup, runner, plan: dict, say) -> tuple[float | None, 
     while engine.has_unfinished():
         engine.step()
         last = engine.last_step
-        if last.decode_tokens == c and last.tokens == c and last.launches is not None:
+        if last.decode_tokens == c and last.tokens == c and last.host_syncs is not None:
             syncs.append(last.host_syncs)
-            launches.append(last.launches)
+            if last.launches is not None:
+                launches.append(last.launches)
     if not syncs:
         say("launches and syncs: not counted on a CPU")
         return None, None
-    say(f"per decode step at concurrency {c}: {statistics.median(launches)} launches, "
-        f"{statistics.median(syncs)} host syncs")
-    return statistics.median(syncs), statistics.median(launches)
+    launched = statistics.median(launches) if launches else None   # None: the profiler saw no CUDA calls
+    say(f"per decode step at concurrency {c}: {launched} launches, {statistics.median(syncs)} host syncs")
+    return statistics.median(syncs), launched
 
 
 def streaming_section(setup, runner, plan: dict, say) -> list[dict]:

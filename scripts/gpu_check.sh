@@ -10,7 +10,7 @@ PY=python3
 [[ -x .venv/bin/python ]] && PY=.venv/bin/python
 OUT=${OUT:-/tmp/gpu-check}
 mkdir -p "$OUT"
-export HF_HUB_OFFLINE=1 PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
+export HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1 PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 status=0
 step() { printf '\n==> %s\n' "$*"; }
 

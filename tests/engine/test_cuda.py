@@ -79,6 +79,8 @@ def test_a_new_context_length_compiles_nothing_and_replays_the_graph(config):
                                       runner.device)
         counts.append(calls.launches)
     assert triton_attention.compiled_variants() == kernels
+    if None in counts:
+        pytest.skip("the profiler sees no CUDA calls on this machine: launches cannot be counted")
     assert len(set(counts)) == 1 and counts[0] <= 4, counts   # the batch copy and one graph launch, not a forward
 
 
