@@ -68,9 +68,9 @@ def glance(s: dict[str, Node]) -> list[str]:
         f"Against vLLM's own streaming (vLLM-S)? | Slower where vLLM-CPU is the faster engine "
         f"({vs['vLLM-S', 'AVX512-BF16']:x}, {vs['vLLM-S', 'AMX']:x} at p50), faster where it is not "
         f"({vs['vLLM-S', 'AVX2']:x}) | AVX512-BF16, AMX, AVX2",
-        f"Our scheduler inside vLLM, against vLLM-S? | {cls['crawler-q4']['vs_s']['p95']['median']:x} at p95 "
-        f"on a saturating crawler load ({cls['crawler-q4-again']['vs_s']['p95']['median']:x} when run again); "
-        f"ANNS {span(cls[k]['vs_s']['p95']['median'] for k in ('anns-q0167', 'anns-q0333', 'anns-q0667'))} "
+        f"Our scheduler inside vLLM, against vLLM-S? | {cls['crawler-q4-again']['vs_s']['p95']['median']:x} at p95 "
+        f"on a saturating crawler load; "
+        f"ANNS {span(cls[k]['vs_s']['p95']['median'] for k in ('anns-q0333', 'anns-q0667'))} "
         f"at p95 | AVX512-BF16",
         f"Under memory pressure (product defaults)? | Crawler {fcfs['crawler-cost']['speedup']['p99']['median']:x},"
         f" ANNS {fcfs['anns-cost']['speedup']['p99']['median']:x} at p99 over not streaming | AVX512-BF16",
@@ -168,8 +168,8 @@ def vllm(s: dict[str, Node]) -> list[str]:
         burst = prefill.get_id(str(r["kind"]))
         kind_rows.append(f"{r['kind']} | {speedups(r['vs_ns'])} | {speedups(r['vs_s'])} | "
                          + (f"{burst['native']} / {burst['vllm']} = {burst['ratio']:x}" if burst is not None else "-"))
-    class_rows = [f"{r['load']} | {r['class']} | {speedups(r['vs_s'])} | {speedups(r['vs_ns'])}"
-                  for r in v["class"]["rows"]]
+    class_rows = [f"{r['load']} | {speedups(r['vs_s'])} | {speedups(r['vs_ns'])}"
+                  for r in v["class"]["rows"] if r["class"].value == "current"]
     return [
         "## Ours against vLLM", "",
         "vLLM-S is vLLM's own scheduler with its streaming input; vLLM-NS is the same vLLM service given "
@@ -185,8 +185,8 @@ def vllm(s: dict[str, Node]) -> list[str]:
         *image("vllm", "our streaming against vLLM, by CPU kind"),
         "### Our scheduler class inside vLLM", "",
         *block(v["class"]),
-        *table(["workload and load", "class", "vs vLLM-S p50", "p95", "p99", "vs vLLM-NS p50", "p95", "p99"],
-               class_rows, right=2),
+        *table(["workload and load", "vs vLLM-S p50", "p95", "p99", "vs vLLM-NS p50", "p95", "p99"],
+               class_rows, right=1),
         *targets(v),
     ]
 
@@ -439,8 +439,6 @@ def disagg(s: dict[str, Node]) -> list[str]:
             + (f"{r['transfer_ms_after_last_chunk_p50']:.0f}" if r["transfer_ms_after_last_chunk_p50"].value else "-")
             + f" | {r['goodput_rps']:.3f}" for r in d["rows"]]
     tail = proj["tail_512_tokens_ms"]
-    sweep = list(d["goodput_by_itl_target"])
-    cells = [k for k in sweep[0].value if k != "itl_p99_target_ms"]
     idle = d["idle"]
     ttft = {(str(r["mode"]), r["rate_rps"].number()): r["ttft_p50_s"]["median"].number() for r in d["rows"]}
     ttft_ratio = [Node(round(ttft["disaggregated", rate] / value, 1), "disagg")
@@ -461,10 +459,6 @@ def disagg(s: dict[str, Node]) -> list[str]:
         "import and the ack. Under load it also waits for the decode replica's running step to end. TTFT is "
         f"{span(ttft_ratio)} colocated's at p50: the prefill replica computes the tail on one core where the "
         "colocated replica has two, then hands off.", "",
-        f"Goodput (requests/s, median over seeds) at other ITL p99 targets, TTFT ≤ {d['goodput_targets']['ttft_s']} s, "
-        "from the same requests:", "",
-        *table(["ITL p99 target ms", *cells],
-               [" | ".join([str(r["itl_p99_target_ms"]), *(f"{r[c]:g}" for c in cells)]) for r in sweep]),
         f"On a GPU, {proj['model']} holds {proj['kv_bytes_per_token'].number() / 1024:.0f} KiB of KV per token: a "
         f"512-token tail ships in about {tail['pcie4_x16_25GBps']} ms over PCIe 4, {tail['pcie5_x16_50GBps']} ms over "
         f"PCIe 5 and {tail['nvlink4_450GBps']} ms over NVLink 4.", "",
@@ -558,7 +552,7 @@ def gpu(s: dict[str, Node]) -> list[str]:
 def not_measured(s: dict[str, Node]) -> list[str]:
     items = [f"- {item}" for name in SECTIONS if name in s and s[name].get("not_measured") is not None
              for item in s[name]["not_measured"]]
-    return ["## Not measured yet", "", f"- {s['machines']['gpu']}", *items, ""]
+    return ["## Not measured yet", "", " ".join([s["machines"]["gpu"].value, *(i[2:] for i in items)]), ""]
 
 
 def refresh(s: dict[str, Node]) -> list[str]:
@@ -566,8 +560,9 @@ def refresh(s: dict[str, Node]) -> list[str]:
         s[name]["refresh"]                      # every summary says where its numbers come from
     return [
         "## How to refresh a figure", "",
-        "Run the command above the table on a machine of the kind it names, under "
-        "`flock /tmp/streamrag-cpu.lock` so nothing else shares the cores; write the new numbers into the "
+        "Run the command above the table on a machine of the kind it names (every `streamrag bench` command "
+        "holds the CPU lock, /tmp/streamrag-cpu.lock, so nothing else shares the cores); write the new numbers "
+        "into the "
         "section's summary, `docs/results/<section>.json` (the same keys, with the command, machine and seeds "
         "beside them; its `refresh` key says which output each number comes from; replace older numbers, "
         "history lives in git); then run `streamrag bench report`, which rewrites this page and its plots and "
