@@ -42,7 +42,7 @@ def _torch_variant(name: str, prepare: Callable) -> Callable[[], Encode]:
         import torch
         from sentence_transformers import SentenceTransformer
 
-        from retriever_svc.embedding import Embedder, embedding_model_path
+        from retriever_svc.corpus.embedding import Embedder, embedding_model_path
 
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")     # torch.ao.quantization is deprecated in favour of torchao
@@ -61,7 +61,7 @@ def _torch_variant(name: str, prepare: Callable) -> Callable[[], Encode]:
 def options() -> dict[str, tuple[str, Callable[[], Encode]]]:
     import torch
 
-    from retriever_svc.embedding import load_embedder
+    from retriever_svc.corpus.embedding import load_embedder
 
     def backend(name: str, dtype: str = "float32") -> Callable[[], Encode]:
         return lambda: load_embedder(name, dtype).encode
@@ -141,10 +141,10 @@ def machine() -> dict:
 
 
 def run(args: argparse.Namespace) -> dict:
+    from retriever_svc.corpus.embedding import EMBED_BACKEND, load_embedder
     from retriever_svc.corpus.extract import extract_tree
     from retriever_svc.corpus.index import DEFAULT_SOURCE
     from retriever_svc.corpus.passages import split_page
-    from retriever_svc.embedding import EMBED_BACKEND, load_embedder
 
     today = "torch-bf16" if machine()["auto_dtype"] == "bfloat16" and not args.avx2 else REFERENCE
     chosen = {k: v for k, v in options().items() if k in {REFERENCE, today, *(args.options or options())}}

@@ -194,8 +194,8 @@ def compare(args: argparse.Namespace, backends: list[str]) -> dict:
     from retriever_svc.anns.backend import DEFAULT_BEAM_WIDTH, DEFAULT_SCHEDULE, parse_beam_width, parse_schedule
     from retriever_svc.anns.index import AnnsIndex
     from retriever_svc.anns.stages import effective_schedule
+    from retriever_svc.corpus.embedding import embed
     from retriever_svc.corpus.index import default_index_dir
-    from retriever_svc.embedding import embed
     from retriever_svc.retrieval_bench import derive_queries
 
     schedule = parse_schedule(args.l_schedule) if args.l_schedule else DEFAULT_SCHEDULE

@@ -54,7 +54,7 @@ def run_bench(index, schedule: Sequence[int], beam_width: int, k: int = 10, quer
 
     from retriever_svc.anns.index import recall
     from retriever_svc.anns.stages import effective_schedule
-    from retriever_svc.embedding import embed
+    from retriever_svc.corpus.embedding import embed
 
     texts = [p.text for p in index.store.all()]
     questions = derive_queries(texts, queries, seed)

@@ -26,7 +26,7 @@ from inference_svc.embedded_model import add_model_prepare_args
 from inference_svc.server_args import add_inference_args
 from orchestrator.server_args import add_orchestrator_args
 from retriever_svc.corpus.index import add_index_build_args
-from retriever_svc.corpus_server import add_serve_corpus_args
+from retriever_svc.corpus.web_server import add_serve_corpus_args
 from retriever_svc.server_args import add_retriever_args
 from servicekit import health
 from streamrag.stack import commands, plan
@@ -53,7 +53,7 @@ def dockerfile_instructions(path: Path) -> list[tuple[str, str]]:
 
 # The module each container runs with `python -m`, and the flags it takes (those of `streamrag serve ...`).
 SERVICE_MODULES = {
-    "retriever_svc.corpus_server": add_serve_corpus_args,
+    "retriever_svc.corpus.web_server": add_serve_corpus_args,
     "retriever_svc.server": add_retriever_args,
     "inference_svc.server": add_inference_args,
     "orchestrator.server": add_orchestrator_args,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from retriever_svc.embedding import embed, embedding_model_path, load_embedder
+from retriever_svc.corpus.embedding import embed, embedding_model_path, load_embedder
 
 
 def test_model_path() -> None:

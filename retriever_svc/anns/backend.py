@@ -26,9 +26,9 @@ from protos import common_pb2, retriever_pb2
 from retriever_svc.anns.index import AnnsIndex, recall
 from retriever_svc.anns.stages import Stage
 from retriever_svc.collections.registry import CollectionRegistry, DefaultCollection
+from retriever_svc.corpus.embedding import EMBEDDING_DIM
 from retriever_svc.corpus.index import default_index_dir, read_manifest
 from retriever_svc.corpus.passages import Passage
-from retriever_svc.embedding import EMBEDDING_DIM
 from retriever_svc.service import InvalidQuery, RetrievalQuery
 from retriever_svc.stability import stability_hints
 
@@ -188,7 +188,7 @@ class AnnsBackend:
 
 
 def _embed_one(text: str) -> np.ndarray:
-    from retriever_svc.embedding import embed
+    from retriever_svc.corpus.embedding import embed
 
     return embed([text])[0]
 

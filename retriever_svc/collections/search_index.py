@@ -23,7 +23,7 @@ import numpy as np
 
 from retriever_svc.anns.stages import Stage, exact_top
 from retriever_svc.collections.store import CollectionStore, FileChange
-from retriever_svc.embedding import EMBEDDING_DIM
+from retriever_svc.corpus.embedding import EMBEDDING_DIM
 
 
 class SearchIndex:

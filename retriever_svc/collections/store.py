@@ -21,8 +21,8 @@ from pathlib import Path
 
 import numpy as np
 
+from retriever_svc.corpus.embedding import EMBEDDING_DIM
 from retriever_svc.corpus.passages import Passage
-from retriever_svc.embedding import EMBEDDING_DIM
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS files (path TEXT PRIMARY KEY, sha256 TEXT NOT NULL, passages INTEGER NOT NULL,

@@ -1,6 +1,13 @@
-"""Corpus tools: HTML pages -> sections -> passages -> SQLite store + DiskANN index.
+"""Corpus tools: documents at rest, and the pieces every room reads them with.
 
-`extract` turns one HTML page into a title and text sections, `passages` packs sections
-into passages of a few hundred tokens, `store` keeps passages in SQLite beside the index,
-and `index` builds the whole thing (`streamrag index build`).
+HTML pages -> sections -> passages -> SQLite store + vectors + DiskANN index:
+`extract` turns one HTML page into a title and text sections, `loaders` reads a user's
+files (md, rst, txt, html, pdf), `passages` packs sections into passages of a few hundred
+tokens, `store` keeps passages in SQLite beside the index, `embedding` turns texts into
+vectors (`EMBEDDING_DIM`, the one embedding dimension), and `index` builds the whole thing
+(`streamrag index build`), resuming from `checkpoint`.
+
+The site the crawler fetches: `web_server` (`streamrag serve corpus`) serves the HTML tree on
+loopback with its own search (`site_search`); `relevance` is the one tokenizer and lexical
+scorer the site search and the crawler share.
 """

@@ -32,10 +32,10 @@ from retriever_svc.corpus.checkpoint import (
     discard_checkpoint,
     page_digest,
 )
+from retriever_svc.corpus.embedding import EMBEDDING_DIM
 from retriever_svc.corpus.extract import extract_html, html_files
 from retriever_svc.corpus.passages import DEFAULT_MAX_TOKENS, Passage, split_page
 from retriever_svc.corpus.store import write_store
-from retriever_svc.embedding import EMBEDDING_DIM
 
 FORMAT_VERSION = 3            # bump when extraction, splitting, the embedding backend or the file layout changes
 DEFAULT_SOURCE = Path("/usr/share/doc/python3.11/html")
@@ -96,7 +96,7 @@ def read_manifest(out: Path) -> dict | None:
 
 
 def token_counter() -> Callable[[str], int]:
-    from retriever_svc.embedding import load_embedder
+    from retriever_svc.corpus.embedding import load_embedder
 
     tokenizer = load_embedder().tokenizer
     return lambda text: len(tokenizer(text, add_special_tokens=False, verbose=False)["input_ids"])
@@ -115,7 +115,7 @@ def embed_passages(passages: list[Passage], dtype: str, progress: bool, batch: i
     import numpy as np
     from tqdm import tqdm
 
-    from retriever_svc.embedding import EMBED_BACKEND, load_embedder
+    from retriever_svc.corpus.embedding import EMBED_BACKEND, load_embedder
 
     embedder = load_embedder(backend or EMBED_BACKEND, dtype)
     texts = [passage_input(p) for p in passages]
@@ -155,7 +155,7 @@ def save_index(directory: Path, passages: list[Passage], vectors, params: BuildP
     default `EMBED_BACKEND`) into the empty `directory`."""
     import numpy as np
 
-    from retriever_svc.embedding import EMBED_BACKEND
+    from retriever_svc.corpus.embedding import EMBED_BACKEND
 
     if len(passages) != len(vectors):
         raise ValueError(f"{len(passages)} passages but {len(vectors)} vectors")
@@ -193,7 +193,7 @@ def build_index(source: Path = DEFAULT_SOURCE, out: Path | None = None, params: 
     """
     from tqdm import tqdm
 
-    from retriever_svc.embedding import EMBED_BACKEND
+    from retriever_svc.corpus.embedding import EMBED_BACKEND
 
     source, out = Path(source), Path(out) if out is not None else default_index_dir()
     files = html_files(source)

@@ -31,7 +31,7 @@ from pathlib import Path
 from urllib.parse import parse_qs
 
 from retriever_svc.corpus.extract import Page, extract_html, html_files
-from retriever_svc.relevance import terms
+from retriever_svc.corpus.relevance import terms
 
 MAX_QUERY_CHARS = 2000          # the Retriever service's own limit (retriever_svc.service)
 MAX_LIMIT = 50

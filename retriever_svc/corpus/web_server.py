@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING
 from urllib.parse import unquote, urlsplit
 
 if TYPE_CHECKING:
-    from retriever_svc.site_search import SiteSearch
+    from retriever_svc.corpus.site_search import SiteSearch
 
 DEFAULT_ROOT = Path("/usr/share/doc/python3.11/html")
 DEFAULT_HOST = "127.0.0.1"
@@ -121,7 +121,7 @@ class _CorpusHandler(SimpleHTTPRequestHandler):
             super().do_HEAD()
 
     def _search(self) -> None:
-        from retriever_svc.site_search import SearchRequestError, parse_search_request
+        from retriever_svc.corpus.site_search import SearchRequestError, parse_search_request
 
         index = self.server.corpus.search_index
         if index is None:
@@ -246,7 +246,7 @@ class CorpusServer:
 
     def start(self) -> str:
         if self.search and self.search_index is None:
-            from retriever_svc.site_search import SiteSearch
+            from retriever_svc.corpus.site_search import SiteSearch
 
             started = time.monotonic()
             self.search_index = SiteSearch.build(self.root)
@@ -310,4 +310,4 @@ if __name__ == "__main__":
 
     from servicekit.config import run_command
 
-    sys.exit(run_command("python -m retriever_svc.corpus_server", add_serve_corpus_args, run_serve_corpus))
+    sys.exit(run_command("python -m retriever_svc.corpus.web_server", add_serve_corpus_args, run_serve_corpus))

@@ -32,7 +32,7 @@ from crawl4ai.deep_crawling.filters import FilterChain
 from crawl4ai.deep_crawling.scorers import URLScorer
 from crawl4ai.utils import normalize_url_for_deep_crawl
 
-from retriever_svc.relevance import QueryScorer, url_words
+from retriever_svc.corpus.relevance import QueryScorer, url_words
 
 LINK_WEIGHT = 0.8          # a link that names every query term ranks with a seed at 0.8 of the top hit's score
 MAX_ANCHOR_CHARS = 400     # link text remembered per URL

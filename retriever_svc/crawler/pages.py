@@ -1,6 +1,6 @@
 """Keep or drop each fetched page: a kept page becomes one document of the retrieval.
 
-A page is dropped when its fetch failed, when its relevance to the query (`relevance.QueryScorer`,
+A page is dropped when its fetch failed, when its relevance to the query (`corpus.relevance.QueryScorer`,
 IDF-weighted BM25 saturation over the whole page's text, 0..1) is below `min_relevance`, when
 too little query-related text is left (`min_doc_chars`), and when it repeats what the crawl
 already sent (`already_sent`). The document's text is crawl4ai's `fit_markdown` (the parts a
@@ -13,9 +13,9 @@ import hashlib
 import logging
 
 from protos import common_pb2
+from retriever_svc.corpus.relevance import QueryScorer
 from retriever_svc.crawler.already_sent import AlreadySent
 from retriever_svc.crawler.settings import CrawlerSettings
-from retriever_svc.relevance import QueryScorer
 
 log = logging.getLogger(__name__)
 

@@ -14,7 +14,7 @@ from collections.abc import Iterator, Sequence
 import numpy as np
 
 from retriever_svc.anns.stages import Stage, staged
-from retriever_svc.embedding import EMBEDDING_DIM
+from retriever_svc.corpus.embedding import EMBEDDING_DIM
 from retriever_svc.milvus.connection import MilvusConnection, index_params, max_search_list, search_params
 
 PID, VECTOR = "pid", "vector"

@@ -254,7 +254,7 @@ def already_up(run_dir: Path, timeout_s: float = 300.0) -> int | None:
 
 def check_options(options: StackOptions) -> str | None:
     """What is wrong with the options (a message for the user), or None."""
-    from retriever_svc.corpus_server import latency_profile
+    from retriever_svc.corpus.web_server import latency_profile
 
     if not 1 <= options.replicas <= MAX_REPLICAS:
         return f"--replicas must be between 1 and {MAX_REPLICAS}, got {options.replicas}"

@@ -119,7 +119,7 @@ def probe_timeout(service: Service, options: dict, base_s: float) -> float:
     """The corpus server delays every request, health checks too: allow for its longest delay."""
     if service.kind != "corpus":
         return base_s
-    from retriever_svc.corpus_server import latency_profile
+    from retriever_svc.corpus.web_server import latency_profile
 
     return base_s + latency_profile(options["latency"]).cap_s
 

@@ -15,7 +15,7 @@ from protos import orchestrator_pb2, orchestrator_pb2_grpc
 from retriever_svc.anns.backend import AnnsBackend
 from retriever_svc.anns.index import AnnsIndex
 from retriever_svc.collections.registry import CollectionRegistry, DefaultCollection
-from retriever_svc.corpus_server import CorpusServer
+from retriever_svc.corpus.web_server import CorpusServer
 from retriever_svc.crawler import CrawlerBackend, CrawlerSettings
 from retriever_svc.replay import ReplayBackend
 from retriever_svc.server import build_runner

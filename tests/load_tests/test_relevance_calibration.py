@@ -18,7 +18,7 @@ from load_tests.relevance_calibration import (
     threshold_row,
 )
 from protos import retriever_pb2_grpc
-from retriever_svc.corpus_server import CorpusServer
+from retriever_svc.corpus.web_server import CorpusServer
 from retriever_svc.crawler import CrawlerBackend, CrawlerSettings
 from retriever_svc.service import RetrieverServicer
 from servicekit.config import ServiceConfig

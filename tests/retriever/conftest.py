@@ -10,7 +10,7 @@ import pytest
 @pytest.fixture
 def corpus(tiny_corpus: Path):
     """The corpus web server on the tiny corpus, on a free port."""
-    from retriever_svc.corpus_server import CorpusServer
+    from retriever_svc.corpus.web_server import CorpusServer
 
     with CorpusServer(tiny_corpus) as server:
         yield server

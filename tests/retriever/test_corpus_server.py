@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from retriever_svc.corpus_server import (
+from retriever_svc.corpus.web_server import (
     LATENCY_PROFILES,
     CorpusServer,
     add_serve_corpus_args,
@@ -119,7 +119,7 @@ def test_cli_flags_and_a_bad_root(tmp_path: Path) -> None:
 
 def test_serve_corpus_prints_its_url_and_stops_on_sigterm(tiny_corpus: Path) -> None:
     script = ("import argparse, sys\n"
-              "from retriever_svc.corpus_server import add_serve_corpus_args, run_serve_corpus\n"
+              "from retriever_svc.corpus.web_server import add_serve_corpus_args, run_serve_corpus\n"
               "p = argparse.ArgumentParser(); add_serve_corpus_args(p)\n"
               "sys.exit(run_serve_corpus(p.parse_args(sys.argv[1:])))\n")
     process = subprocess.Popen([sys.executable, "-c", script, "--root", str(tiny_corpus), "--port", "0",

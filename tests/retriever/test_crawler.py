@@ -22,7 +22,7 @@ import pytest
 from crawl4ai import CrawlerRunConfig
 
 from protos import common_pb2, retriever_pb2, retriever_pb2_grpc
-from retriever_svc.corpus_server import CorpusServer
+from retriever_svc.corpus.web_server import CorpusServer
 from retriever_svc.crawler import (
     DEFAULT_START_URL,
     AllowListFilter,

@@ -13,7 +13,7 @@ from pathlib import Path
 import grpc
 import pytest
 
-from retriever_svc.corpus_server import CorpusServer
+from retriever_svc.corpus.web_server import CorpusServer
 from retriever_svc.crawler import CrawlerBackend, CrawlerSettings, PageSelector, crawl_documents, parse_search_answer
 from retriever_svc.crawler.url_policy import UrlPolicy, UrlRefused
 from tests.retriever.test_crawler import assert_well_formed, kept_paths, retrieve

@@ -10,8 +10,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from retriever_svc import embedding
-from retriever_svc.embedding import EMBEDDING_DIM, GRAPH_FILES, embed, ensure_export, load_embedder
+from retriever_svc.corpus import embedding
+from retriever_svc.corpus.embedding import EMBEDDING_DIM, GRAPH_FILES, embed, ensure_export, load_embedder
 
 TEXTS = ["how do I open a file in python", "reading files with open()", "the capital of France",
          "asyncio.gather(*aws, return_exceptions=False) runs awaitable objects concurrently. " * 20]

@@ -9,15 +9,15 @@ from urllib.parse import quote
 import pytest
 
 from retriever_svc.corpus.extract import Page, Section
-from retriever_svc.corpus_server import CorpusServer
-from retriever_svc.relevance import QueryScorer, terms
-from retriever_svc.site_search import (
+from retriever_svc.corpus.relevance import QueryScorer, terms
+from retriever_svc.corpus.site_search import (
     MAX_LIMIT,
     MAX_QUERY_CHARS,
     SearchRequestError,
     SiteSearch,
     parse_search_request,
 )
+from retriever_svc.corpus.web_server import CorpusServer
 from tests.retriever import http_get
 
 
@@ -97,7 +97,7 @@ def test_a_corpus_server_without_search_answers_404(tiny_corpus: Path) -> None:
 def test_serve_corpus_searches_unless_told_not_to() -> None:
     import argparse
 
-    from retriever_svc.corpus_server import add_serve_corpus_args
+    from retriever_svc.corpus.web_server import add_serve_corpus_args
 
     parser = argparse.ArgumentParser()
     add_serve_corpus_args(parser)
