@@ -85,8 +85,8 @@ def options() -> dict[str, tuple[str, Callable[[], Encode]]]:
 
 def sample(passages: list, size: int, queries: int, seed: int) -> tuple[list[str], list[str], list[str], list[int]]:
     """(passage inputs, outside queries, inside queries, the inside queries' rows)."""
+    from load_tests.retrieval_bench import derive_queries
     from retriever_svc.corpus.index import passage_input
-    from retriever_svc.retrieval_bench import derive_queries
 
     rows = random.Random(seed).sample(range(len(passages)), min(size, len(passages)))
     chosen = set(rows)

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from retriever_svc.retrieval_bench import add_bench_retrieval_args, derive_queries, run_bench_retrieval
+from load_tests.retrieval_bench import add_args, derive_queries, run
 from tests.retriever import build_tiny_index
 
 
@@ -18,7 +18,7 @@ def tiny_index(tmp_path_factory):
 
 def bench_args(*argv: str) -> argparse.Namespace:
     parser = argparse.ArgumentParser()
-    add_bench_retrieval_args(parser)
+    add_args(parser)
     return parser.parse_args(list(argv))
 
 
@@ -32,7 +32,7 @@ def test_bench_writes_the_issue_json_and_prints_a_table(tiny_index, tmp_path, ca
     out = tmp_path / "bench.json"
     args = bench_args("--index", str(tiny_index), "--queries", "4", "--k", "3", "--l-schedule", "1,4,8",
                       "--beam-width", "2", "--json", str(out))
-    assert run_bench_retrieval(args) == 0
+    assert run(args) == 0
     result = json.loads(out.read_text())
     assert result["k"] == 3 and result["queries"] == 4
     for key in ("full_search_ms", "first_emit_ms"):
@@ -50,5 +50,5 @@ def test_bench_writes_the_issue_json_and_prints_a_table(tiny_index, tmp_path, ca
 
 
 def test_bench_reports_a_missing_index(tmp_path, capsys):
-    assert run_bench_retrieval(bench_args("--index", str(tmp_path))) == 1
+    assert run(bench_args("--index", str(tmp_path))) == 1
     assert "index build" in capsys.readouterr().err
