@@ -208,6 +208,8 @@ class AskPipeline:
         self.continuing = False                     # decoding a continuation (resume.py)
         self.before_text, self.before_tokens = "", 0   # what the continuation continues from
         self.resumes = 0
+        self.broke_at: float | None = None          # monotonic: the break a continuation resumes from
+        self.continued_first_token_s: float | None = None   # the break to the continuation's first token
         # A retry may land on a replica that still holds the broken request: a new inference id.
         retry = settings.resume.attempt if settings.resume is not None else 0
         self.inference_id = f"{settings.request_id}@retry-{retry}" if retry else settings.request_id
@@ -302,6 +304,7 @@ class AskPipeline:
                             f"{s.request_id!r} allows {self.prompt.sampling.max_tokens}")
         self.delivered_ids, self.answer = list(s.resume.token_ids), s.resume.text
         self.timeline.first_token = self.timeline.started    # the answer started before this Ask
+        self.broke_at = self.timeline.started                # the caller saw the break before it re-issued
         self.replica = await self.router.choose_ready(preamble_key(), wait_s=peer_wait_s(self.time_remaining()))
         log.info("%s: resuming after %d tokens on %s (attempt %d)", s.request_id, tokens, self.replica.address,
                  s.resume.attempt)
@@ -327,6 +330,7 @@ class AskPipeline:
         current replica or, after `exc`, on another one; up to MAX_RESUMES replicas fail under it."""
         while True:
             if exc is not None:
+                self.broke_at = time.monotonic()
                 if self.resumes >= MAX_RESUMES or not ask_fails_over(exc.code()) or self.prompt is None:
                     await self.out.put(AskFailed(streamed_ask_status(exc.code()), f"inference failed: {exc.details()}"))
                     return
@@ -337,8 +341,10 @@ class AskPipeline:
                     await self.out.put(failure)
                     return
             self.continuing, self.before_text, self.before_tokens = True, self.answer, len(self.delivered_ids)
+            self.continued_first_token_s = None
             request = continuation(self.prompt, self.delivered_ids, self.s.request_id)
             if request is None:
+                await self._record_continued(None)
                 await self.out.put(await self._done(length_done(self.answer, len(self.delivered_ids))))
                 return
             try:
@@ -347,6 +353,19 @@ class AskPipeline:
                 return
             except grpc.RpcError as again:
                 exc = again
+
+    async def _record_continued(self, stats: common_pb2.RequestStats | None) -> None:
+        """A continuation finished: a CONTINUED event with what it cost, from the tokens it continued after
+        (`tokens`), the KV its replica computed again for them (`tokens_computed`: the prompt plus those
+        tokens, less `prefix_cache_hit_tokens`) and the time from the break to its first token
+        (`first_token_s`; absent when no token was left to decode)."""
+        fields = {"tokens": self.before_tokens, "replica": self.replica.address}
+        if stats is not None:
+            fields |= {"prompt_tokens": stats.prompt_tokens, "tokens_computed": stats.tokens_computed,
+                       "prefix_cache_hit_tokens": stats.prefix_cache_hit_tokens}
+        if self.continued_first_token_s is not None:
+            fields["first_token_s"] = round(self.continued_first_token_s, 4)
+        await self.store.event(self.s.request_id, "CONTINUED", **fields)
 
     # --- retrieval ----------------------------------------------------------------------
     async def _retrieve(self, name: str, retrieval: asyncio.Queue) -> None:
@@ -533,6 +552,8 @@ class AskPipeline:
                     await self.prompt_stored
                 self.timeline.first_token = time.monotonic()
             token = event.token
+            if self.continuing and self.continued_first_token_s is None and self.broke_at is not None:
+                self.continued_first_token_s = time.monotonic() - self.broke_at
             if self.continuing:          # its position in the whole answer
                 token = common_pb2.GeneratedToken()
                 token.CopyFrom(event.token)
@@ -543,6 +564,7 @@ class AskPipeline:
         elif kind == "done":
             done = event.done
             if self.continuing:
+                await self._record_continued(event.done.stats)
                 done = whole_answer(done, self.before_text, self.before_tokens)
             await self.out.put(await self._done(done))
 

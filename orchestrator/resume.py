@@ -13,6 +13,11 @@ so the caller sees one answer, no token repeated or lost. The orchestrator uses 
   dead one saved in the lifecycle store when it was complete (`save_prompt`: at `finish` when
   streaming, before `Generate` for the baseline) and continues from there.
 
+Each continuation is recorded as a `CONTINUED` event (ask.py): the tokens it continued after, the
+KV its replica computed again for them (`tokens_computed`, `prefix_cache_hit_tokens`) and the
+time from the break to its first token (`first_token_s`), so what a resume costs is read back
+from the store.
+
 Tokens are only sent to the caller once the prompt is in Redis (`ask.py` waits for the store's
 flush, `PROMPT_FLUSH_S` at most, and not while Redis is down), so a broken stream with tokens
 always has a prompt to continue from, Redis faults aside.

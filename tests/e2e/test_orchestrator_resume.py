@@ -307,3 +307,10 @@ def test_a_replica_killed_after_the_5th_token_is_continued_on_the_other(world, o
              if fields.get("kind") == "ERROR"]
     # the gate had a few more tokens on their way when the replica went: at least the 5 held
     assert any(re.search(r"continuing after ([5-9]|\d\d) tokens", move) for move in moves), moves
+    # what the continuation cost is recorded: the tokens it continued after, the KV computed again, its wait
+    continued = [fields for _, fields in store.xrange(f"{request_key('replica-kill')}:events")
+                 if fields.get("kind") == "CONTINUED"]
+    assert len(continued) == 1 and int(continued[0]["tokens"]) >= KILL_AFTER, continued
+    assert int(continued[0]["tokens_computed"]) + int(continued[0]["prefix_cache_hit_tokens"]) >= \
+        int(continued[0]["prompt_tokens"]) > int(continued[0]["tokens"]), continued
+    assert float(continued[0]["first_token_s"]) >= 0, continued
