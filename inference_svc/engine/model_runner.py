@@ -26,6 +26,7 @@ from inference_svc.engine.blend import load_spans, store_captures
 from inference_svc.engine.chunk_store import ChunkReuse
 from inference_svc.engine.kv_cache import KVCache, kv_bytes_per_block
 from inference_svc.engine.models import ModelConfig, load_model, random_model
+from inference_svc.engine.options import ATTENTION_CHOICES
 
 
 @dataclass(frozen=True)
@@ -36,9 +37,6 @@ class ChunkInput:
     want_logits: bool  # return next-token logits of this chunk's last token
     num_logits: int = 1  # with want_logits: logits of this many trailing tokens (verifying a draft)
     reuse: ChunkReuse | None = None  # blend mode: cached passages to reuse, passages to capture (chunk_store.py)
-
-
-ATTENTION_CHOICES = ("auto", "sdpa", "triton")
 
 
 def resolve_attention(choice: str, device: torch.device, head_dim: int) -> str:

@@ -21,6 +21,8 @@ DEFAULT_DTYPE = "auto"              # bfloat16 on CUDA and CPUs with native bf16
 DEFAULT_POLICY = "fcfs"             # complete prompts first, then partial ones (streaming-aware)
 DEFAULT_EVICTION = "cost"           # recompute or swap, whichever the cost model says is cheaper
 DEFAULT_BLOCK_SIZE = 16             # tokens per KV block (native engine)
+# Attention: "auto" runs the Triton kernels on CUDA (triton_attention.py) and SDPA on a CPU (attention.py).
+ATTENTION_CHOICES = ("auto", "sdpa", "triton")
 DEFAULT_TOKEN_BUDGET = 2048         # tokens per engine step (prefill chunks + decodes)
 # On a GPU a step's cost is mostly fixed until thousands of tokens (an 8B model prefills about 30k tokens/s
 # on an H100/H200), so a larger cap lets chunked prefill keep pace with documents arriving quickly; the
