@@ -4,7 +4,9 @@ Every `import` / `from ... import` in each top-level package (module level or in
 function, which is where the CLI's lazy imports live) is read with `ast`, so a new upward
 import fails here before it becomes a cycle. Inside `inference_svc` the same holds room by
 room (engine ← rpc ← native, vllm_backend ← server), and no two of its modules import each
-other, directly or round a longer loop.
+other, directly or round a longer loop. `retriever_svc` is rooms too (corpus, crawler, anns,
+collections, milvus) under a short top (the server and what several kinds share), with no
+import loop between its modules either.
 """
 
 from __future__ import annotations
@@ -42,6 +44,22 @@ INFERENCE_ROOMS = {
     "vllm_backend": {"engine", "rpc", "options", "kv_transfer"},
     "disagg": {"engine", "rpc", "native", "options", "kv_transfer"},   # the native hand-off
 }
+
+# What each room of retriever_svc may import of retriever_svc (besides itself and RETRIEVER_SHARED): a room,
+# or one module of a room ("anns.stages"). corpus is the floor (documents at rest, embedding, the site);
+# every index searches stage by stage (anns.stages); the ANNS backend serves the collections; Milvus is
+# the other engine of both.
+RETRIEVER_ROOMS = {
+    "corpus": {"collections.store"},            # the index build's checkpoint is a collection store
+    "crawler": {"corpus"},
+    "collections": {"corpus", "anns.stages"},
+    "anns": {"corpus", "collections"},
+    "milvus": {"corpus", "anns", "collections"},
+}
+# The top of retriever_svc: the service that starts and serves the rooms (server, server_args, service),
+# what several kinds share (stability), and the replay retriever (replay, trace, trace_record).
+RETRIEVER_SHARED = {"service", "server_args", "stability"}
+RETRIEVER_TOP = {"__init__", "server", "server_args", "service", "stability", "replay", "trace", "trace_record"}
 
 
 def imported_names(path: Path) -> set[str]:
@@ -135,6 +153,34 @@ def test_each_inference_svc_room_imports_only_the_rooms_below_it(room: str):
             if parts[0] == "inference_svc" and len(parts) > 1 and parts[1] not in {room, *INFERENCE_ROOMS[room]}:
                 upward.setdefault(parts[1], set()).add(str(path.relative_to(ROOT)))
     assert not upward, f"inference_svc/{room} imports rooms above it: {upward}"
+
+
+@pytest.mark.parametrize("room", sorted(RETRIEVER_ROOMS), ids=lambda room: f"{room}-room")   # not the opt-in markers
+def test_each_retriever_svc_room_imports_only_what_its_row_allows(room: str):
+    """No room imports the server, replay or a room (or module of one) its row does not name."""
+    upward = {}
+    for path in sorted((ROOT / "retriever_svc" / room).rglob("*.py")):
+        for name in imported_names(path):
+            parts = name.split(".")
+            if parts[0] != "retriever_svc" or len(parts) < 2 or parts[1] in {room, *RETRIEVER_SHARED}:
+                continue
+            allowed = RETRIEVER_ROOMS[room]
+            if parts[1] not in allowed and ".".join(parts[1:3]) not in allowed:
+                upward.setdefault(".".join(parts[1:3]), set()).add(str(path.relative_to(ROOT)))
+    assert not upward, f"retriever_svc/{room} imports what its row does not allow: {upward}"
+
+
+def test_retriever_svc_is_its_rooms_and_a_short_top():
+    """Every retriever backend lives in a room; nothing of a room creeps back to the top (ANNS once did)."""
+    package = ROOT / "retriever_svc"
+    rooms = {p.name for p in package.iterdir() if p.is_dir() and (p / "__init__.py").is_file()}
+    assert rooms == set(RETRIEVER_ROOMS)
+    assert {p.stem for p in package.glob("*.py")} == RETRIEVER_TOP
+
+
+def test_no_retriever_svc_modules_import_each_other_round_a_loop():
+    graph = import_graph("retriever_svc")
+    assert not import_cycles(graph), f"import cycles in retriever_svc: {import_cycles(graph)}"
 
 
 def test_the_cli_lives_in_streamrag_and_the_orchestrator_is_the_service_alone():
