@@ -1,16 +1,20 @@
 """What the live-collection tests share: the retriever served in the test's event loop (`serving`,
 Retrieve and Collections on loopback, the tiny index as the default collection), calls on its stubs,
-and files with made-up facts that only one file answers.
+files with made-up facts that only one file answers, and model-free content and vectors (`fake_content`,
+`fake_embed`).
 """
 
 from __future__ import annotations
 
+import hashlib
+import random
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
+import numpy as np
 import pytest
 from fpdf import FPDF
 
@@ -19,6 +23,7 @@ from protos import retriever_pb2_grpc
 from retriever_svc.anns.backend import AnnsBackend
 from retriever_svc.anns.index import AnnsIndex
 from retriever_svc.collections.registry import CollectionRegistry, DefaultCollection
+from retriever_svc.corpus.embedding import EMBEDDING_DIM
 from retriever_svc.server import build_runner
 from servicekit.config import ServiceConfig
 
@@ -87,6 +92,26 @@ async def failure(call) -> grpc.aio.AioRpcError:
 
 def from_file(document, path: str) -> bool:
     return document.url == path or document.url.startswith(path + "#")
+
+
+# ---------------------------------------------------------------- made-up content, model-free vectors
+
+def fake_content(path: str, version: int) -> bytes:
+    """1-3 sections of about 150 words each (each its own passage), fixed by (path, version)."""
+    rng = random.Random(f"{path}@{version}")
+    sections = [f"## Part {s}\n\n" + " ".join(rng.choice(WORDS) for _ in range(150)) for s in range(rng.randint(1, 3))]
+    return "\n\n".join(sections).encode()
+
+
+def fake_embed(passages) -> np.ndarray:
+    """A deterministic random unit vector per passage text."""
+    vectors = []
+    for passage in passages:
+        seed = int.from_bytes(hashlib.sha256(passage.text.encode()).digest()[:8], "little")
+        vector = np.random.default_rng(seed).standard_normal(EMBEDDING_DIM)
+        vectors.append(vector / np.linalg.norm(vector))
+    return np.asarray(vectors, dtype=np.float32).reshape(-1, EMBEDDING_DIM)
+
 
 
 # ---------------------------------------------------------------- files with made-up facts

@@ -8,10 +8,8 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from pathlib import Path
 
 import grpc
-import pytest
 
 from protos import retriever_pb2 as pb
 from protos import retriever_pb2_grpc
@@ -20,7 +18,6 @@ from retriever_svc.anns.index import AnnsIndex
 from retriever_svc.collections.registry import CollectionRegistry, DefaultCollection
 from retriever_svc.server import build_runner
 from servicekit.config import ServiceConfig
-from tests.retriever import build_tiny_index
 from tests.retriever.collections_support import (
     ADDED,
     ALL,
@@ -37,12 +34,6 @@ from tests.retriever.collections_support import (
     serving,
     write,
 )
-
-
-@pytest.fixture(scope="module")
-def tiny_index(tmp_path_factory) -> Path:
-    return build_tiny_index(tmp_path_factory.mktemp("collections-tiny"))
-
 
 # ---------------------------------------------------------------- the contract
 

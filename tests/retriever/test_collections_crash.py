@@ -12,26 +12,12 @@ import threading
 from pathlib import Path
 
 import grpc
-import pytest
 
 from protos import retriever_pb2 as pb
 from protos import retriever_pb2_grpc
 from retriever_svc.collections.collection import STORE_FILE, file_passages
-from tests.retriever import build_tiny_index
-from tests.retriever.collections_support import (
-    ADDED,
-    ALL,
-    UNCHANGED,
-    WORDS,
-    from_file,
-)
+from tests.retriever.collections_support import ADDED, ALL, UNCHANGED, WORDS, from_file
 from tests.support.retriever_process import RetrieverProcess
-
-
-@pytest.fixture(scope="module")
-def tiny_index(tmp_path_factory) -> Path:
-    return build_tiny_index(tmp_path_factory.mktemp("collections-tiny"))
-
 
 # ---------------------------------------------------------------- SIGKILL in the middle of AddFiles
 

@@ -4,12 +4,7 @@ indexed, answered, replaced, removed and merged while the retriever serves.
 
 from __future__ import annotations
 
-from pathlib import Path
-
-import pytest
-
 from protos import retriever_pb2 as pb
-from tests.retriever import build_tiny_index
 from tests.retriever.collections_support import (
     ADDED,
     ALL,
@@ -32,12 +27,6 @@ from tests.retriever.collections_support import (
     serving,
     write,
 )
-
-
-@pytest.fixture(scope="module")
-def tiny_index(tmp_path_factory) -> Path:
-    return build_tiny_index(tmp_path_factory.mktemp("collections-tiny"))
-
 
 # ---------------------------------------------------------------- real files, real model
 

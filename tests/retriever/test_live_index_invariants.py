@@ -6,7 +6,6 @@ model; and the disk part's searches after removals and merges racing a file's pu
 from __future__ import annotations
 
 import hashlib
-import random
 import tempfile
 import threading
 from pathlib import Path
@@ -20,30 +19,14 @@ from retriever_svc.collections.collection import Added, Collection
 from retriever_svc.corpus.embedding import EMBEDDING_DIM
 from retriever_svc.corpus.passages import approx_tokens
 from tests.retriever.collections_support import (
-    WORDS,
+    fake_content,
+    fake_embed,
 )
 
 # ---------------------------------------------------------------- the live index's invariants
 
 PATHS = ["a.md", "d/b.md", "d/e/c.txt", "d2/f.md", "d-x.md"]
 TARGETS = ["a.md", "d", "d/", "d/e", "d/b.md", "d2", "nothing", ""]
-
-
-def fake_content(path: str, version: int) -> bytes:
-    """1-3 sections of about 150 words each (each its own passage), fixed by (path, version)."""
-    rng = random.Random(f"{path}@{version}")
-    sections = [f"## Part {s}\n\n" + " ".join(rng.choice(WORDS) for _ in range(150)) for s in range(rng.randint(1, 3))]
-    return "\n\n".join(sections).encode()
-
-
-def fake_embed(passages) -> np.ndarray:
-    """A deterministic random unit vector per passage text."""
-    vectors = []
-    for passage in passages:
-        seed = int.from_bytes(hashlib.sha256(passage.text.encode()).digest()[:8], "little")
-        vector = np.random.default_rng(seed).standard_normal(EMBEDDING_DIM)
-        vectors.append(vector / np.linalg.norm(vector))
-    return np.asarray(vectors, dtype=np.float32).reshape(-1, EMBEDDING_DIM)
 
 
 def under(target: str, path: str) -> bool:

@@ -30,7 +30,7 @@ from retriever_svc.milvus.live import MilvusLiveIndex  # noqa: E402
 from retriever_svc.server import build_runner  # noqa: E402
 from servicekit.config import ServiceConfig  # noqa: E402
 from tests.retriever import build_tiny_index  # noqa: E402
-from tests.retriever.test_collections import (  # noqa: E402
+from tests.retriever.collections_support import (  # noqa: E402
     ADDED,
     FERRIES,
     MARMALADE,

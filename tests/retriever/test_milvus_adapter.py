@@ -33,7 +33,7 @@ from retriever_svc.milvus.live import MilvusLiveIndex
 from retriever_svc.server import build_runner
 from retriever_svc.service import RetrieverUnavailable
 from servicekit.config import ServiceConfig
-from tests.retriever.test_collections import fake_content, fake_embed
+from tests.retriever.collections_support import fake_content, fake_embed
 
 
 class FakeMilvusCollection:
