@@ -19,7 +19,7 @@ from tests.support.tiny_corpus import build_tiny_corpus
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 # Without a GPU the Triton kernels run in Triton's interpreter, which must be chosen before anything
 # first imports triton (engine/triton_attention.py); torch itself imports it only when used.
-import torch  # noqa: E402
+import torch
 
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
