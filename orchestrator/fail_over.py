@@ -6,8 +6,9 @@ proxy) moves the same way, so a newcomer reads the rule once:
 - the failed replica is marked failed in the router (skipped until its health says SERVING again);
 - another available replica is chosen first; with none, the first replica that is (back) within
   the wait (`failures.peer_wait_s`, never past the caller's deadline), the failed one too;
-- the move is logged and, when the request is in the store, recorded: an ERROR event naming both
-  replicas (and how many tokens the new one continues from, for a resume) and the record's replica.
+- the move is logged and, when the request is in the store, recorded (`recording.record_moved`): an
+  ERROR event naming both replicas (and how many tokens the new one continues from, for a resume)
+  and the record's replica.
 
 Which statuses move a request, and how often, is failures.py's; what the new replica is sent is
 the caller's (the prompt so far before the first token; resume.py's continuation after it).
@@ -21,6 +22,7 @@ import grpc
 
 from orchestrator.failures import peer_wait_s
 from orchestrator.lifecycle_store import LifecycleStore
+from orchestrator.recording import record_moved
 from orchestrator.router import NoReplicaAvailable, Replica, ReplicaRouter
 
 log = logging.getLogger(__name__)
@@ -40,7 +42,5 @@ async def fail_over(router: ReplicaRouter, store: LifecycleStore | None, request
     how = "retrying" if resumed_tokens is None else f"continuing after {resumed_tokens} tokens"
     log.warning("%s: replica %s failed (%s); %s on %s", request_id, failed.address, reason, how, chosen.address)
     if store is not None:
-        await store.event(request_id, "ERROR", detail=f"replica {failed.address} failed: {exc.details()}; "
-                          f"{how} on {chosen.address}")
-        await store.update(request_id, replica=chosen.address)
+        await record_moved(store, request_id, failed.address, chosen.address, exc.details(), how)
     return chosen

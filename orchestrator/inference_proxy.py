@@ -34,7 +34,7 @@ from orchestrator.fail_over import fail_over
 from orchestrator.failures import ask_fails_over, peer_wait_s, streamed_ask_status
 from orchestrator.lifecycle_store import LifecycleStore
 from orchestrator.metrics import OrchestratorMetrics
-from orchestrator.recording import record_cancelled, record_failed, record_finished, record_lifecycle
+from orchestrator.recording import abort_failed, record_cancelled, record_failed, record_finished, record_lifecycle
 from orchestrator.router import NoReplicaAvailable, Replica, ReplicaRouter
 from protos import inference_pb2, inference_pb2_grpc
 from protos.metadata import QUESTION_KEY
@@ -126,13 +126,14 @@ class InferenceProxy(inference_pb2_grpc.InferenceServicer):
                 except grpc.RpcError as exc:
                     if retried or timing.first_token is not None or not ask_fails_over(exc.code()):
                         outcome = "failed"       # the replica's status and message, as it gave them
-                        await self._fail(context, request_id, exc.code(), exc.details() or exc.code().name)
+                        await abort_failed(self.store, context, request_id, exc.code(),
+                                           exc.details() or exc.code().name)
                     retried = True
                     chosen = await self._fail_over(request_id, replica, key, exc, context.time_remaining())
                     if chosen is None:
                         outcome = "failed"
-                        await self._fail(context, request_id, grpc.StatusCode.UNAVAILABLE,
-                                         f"no replica left after {replica.address}")
+                        await abort_failed(self.store, context, request_id, grpc.StatusCode.UNAVAILABLE,
+                                           f"no replica left after {replica.address}")
                     replica = chosen
         finally:
             if call is not None:
@@ -148,10 +149,6 @@ class InferenceProxy(inference_pb2_grpc.InferenceServicer):
             return await fail_over(self.router, self.store, request_id, replica, key, exc, time_remaining)
         except NoReplicaAvailable:
             return None
-
-    async def _fail(self, context, request_id: str, code: grpc.StatusCode, message: str) -> None:
-        await record_failed(self.store, request_id, message)
-        await context.abort(code, message)
 
     async def StreamPrompt(self, request_iterator, context) -> AsyncIterator[inference_pb2.StreamPromptResponse]:
         first = await anext(request_iterator, None)

@@ -1,33 +1,67 @@
-"""What the orchestrator records of an inference call, the same for every request that reaches a
-replica through it: each engine lifecycle event under its kind's short name ("QUEUED",
-"SCHEDULED", ...), and at the end the FINISHED record (answer, first-token time, finish reason,
-the engine's statistics) with a `DONE` event. The store (`lifecycle_store.py`) keeps what it is
-given; these are the rules of what to give it.
+"""What the orchestrator records of a request it proxies to a replica, the same for every proxy
+(an Ask, a plain chat or completion, a session's query), so the record reads alike whoever wrote it:
+
+- each engine lifecycle event under its kind's short name ("QUEUED", "SCHEDULED", ...);
+- a move off a failed replica: an `ERROR` event naming both replicas, and the record's replica;
+- at the end one of: the FINISHED record (answer, first-token time, finish reason, the engine's
+  statistics) with a `DONE` event; an `ERROR` event then the FAILED record with the error; a
+  `CANCELLED` event and record when the caller went away.
+
+Events only a kind of request has (an Ask's RETRIEVAL_CHUNK, a query's SESSION_QUERY) are its own.
+The store (`lifecycle_store.py`) keeps what it is given; these are the rules of what to give it.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any, NoReturn
+
+import grpc
+
 from orchestrator.lifecycle_store import LifecycleStore, lifecycle_kind_name
-from protos import common_pb2, inference_pb2
+from protos import common_pb2, inference_pb2, sessions_pb2
 
 
 async def record_lifecycle(store: LifecycleStore, request_id: str, lifecycle: common_pb2.LifecycleEvent) -> None:
     await store.event(request_id, lifecycle_kind_name(lifecycle.kind), detail=lifecycle.detail, count=lifecycle.count)
 
 
-async def record_finished(store: LifecycleStore, request_id: str, done: inference_pb2.InferenceDone, *,
-                          ttft_from_question_s: float, total_s: float, **times_s: float) -> None:
+async def record_error(store: LifecycleStore, request_id: str, detail: str, **fields: Any) -> None:
+    """Something went wrong that the request may outlive (a retriever, a replica); `fields`: more to keep."""
+    await store.event(request_id, "ERROR", **fields, detail=detail)
+
+
+async def record_moved(store: LifecycleStore, request_id: str, failed: str, chosen: str, reason: str,
+                       how: str = "retrying") -> None:
+    """The request left the replica `failed` (for `reason`) and goes on on `chosen` (`how`: "retrying",
+    "continuing after 5 tokens", ...)."""
+    await record_error(store, request_id, f"replica {failed} failed: {reason}; {how} on {chosen}")
+    await store.update(request_id, replica=chosen)
+
+
+async def record_finished(store: LifecycleStore, request_id: str,
+                          done: inference_pb2.InferenceDone | sessions_pb2.QueryDone, *, ttft_from_question_s: float,
+                          total_s: float, noted: Mapping[str, Any] | None = None, **times_s: float) -> None:
     """The answer is complete: the FINISHED record and its `DONE` event (`times_s`: more timings in
-    seconds, such as an Ask's `ttft_from_retrieval_end_s`, kept in both)."""
+    seconds, such as an Ask's `ttft_from_retrieval_end_s`, kept in both; `noted`: more fields of the
+    event alone, such as a query's `flash_hit`)."""
     await store.update(request_id, state="FINISHED", answer=done.text, ttft_from_question_s=ttft_from_question_s,
                        finish_reason=common_pb2.FinishReason.Name(done.finish_reason), stats=done.stats, **times_s)
-    await store.event(request_id, "DONE", ttft_from_question_s=round(ttft_from_question_s, 4),
+    await store.event(request_id, "DONE", **(noted or {}), ttft_from_question_s=round(ttft_from_question_s, 4),
                       **{name: round(value, 4) for name, value in times_s.items()}, total_s=round(total_s, 4))
 
 
 async def record_failed(store: LifecycleStore, request_id: str, message: str) -> None:
-    await store.event(request_id, "ERROR", detail=message)
+    await record_error(store, request_id, message)
     await store.update(request_id, state="FAILED", error=message)
+
+
+async def abort_failed(store: LifecycleStore, context: grpc.aio.ServicerContext, request_id: str,
+                       code: grpc.StatusCode, message: str) -> NoReturn:
+    """Record the request FAILED (`record_failed`), then end its call with `code` and `message`."""
+    await record_failed(store, request_id, message)
+    await context.abort(code, message)
+    raise AssertionError("context.abort returned")     # it raises; this tells type checkers so
 
 
 async def record_cancelled(store: LifecycleStore, request_id: str) -> None:

@@ -10,7 +10,7 @@ import grpc
 from orchestrator.ask import AskFailed, AskPipeline, BadAsk, validate_ask
 from orchestrator.lifecycle_store import StoreUnavailable, to_proto
 from orchestrator.metrics import OrchestratorMetrics
-from orchestrator.recording import record_failed
+from orchestrator.recording import abort_failed
 from orchestrator.router import NoReplicaAvailable
 from protos import inference_pb2, orchestrator_pb2, orchestrator_pb2_grpc
 
@@ -49,13 +49,14 @@ class OrchestratorServicer(orchestrator_pb2_grpc.OrchestratorServicer):
                 yield orchestrator_pb2.AskResponse(event=event)
         except NoReplicaAvailable as exc:
             outcome = "failed"
-            await self._fail(settings.request_id, grpc.StatusCode.UNAVAILABLE, str(exc), context)
+            await abort_failed(self.store, context, settings.request_id, grpc.StatusCode.UNAVAILABLE, str(exc))
         except AskFailed as exc:
             outcome = "failed"
-            await self._fail(settings.request_id, exc.code, exc.message, context)
+            await abort_failed(self.store, context, settings.request_id, exc.code, exc.message)
         except grpc.RpcError as exc:   # e.g. Describe on a dead replica
             outcome = "failed"
-            await self._fail(settings.request_id, grpc.StatusCode.UNAVAILABLE, exc.details() or str(exc), context)
+            await abort_failed(self.store, context, settings.request_id, grpc.StatusCode.UNAVAILABLE,
+                               exc.details() or str(exc))
         finally:
             self.metrics.asks.labels(mode, outcome).inc()
 
@@ -63,10 +64,6 @@ class OrchestratorServicer(orchestrator_pb2_grpc.OrchestratorServicer):
         self.metrics.ttft_question.labels(mode).observe(done.ttft_from_question_s)
         self.metrics.ttft_retrieval.labels(mode).observe(done.ttft_from_retrieval_end_s)
         self.metrics.retrieval.labels(mode).observe(done.retrieval_s)
-
-    async def _fail(self, request_id: str, code: grpc.StatusCode, message: str, context) -> None:
-        await record_failed(self.store, request_id, message)
-        await context.abort(code, message)
 
     async def GetRequest(self, request, context) -> orchestrator_pb2.GetRequestResponse:
         if not request.request_id:

@@ -21,8 +21,10 @@ rebuild a background task calls CloseSession on the old replica, waiting for it 
 NOT_FOUND (nothing to free). Should a later rebuild choose that replica again first, it closes
 the old copy there itself before creating the session (else CreateSession would find it).
 
-Queries are also recorded in the lifecycle store like Asks (`streamrag requests` shows them), and
-session events (CREATED, INGESTED, REBUILT, CLOSED) go to its event stream of `session:<id>`.
+Queries are also recorded in the lifecycle store like Asks, through `recording.py` and with the same
+event names (`streamrag requests` shows them): a query moved by a rebuild gets an ERROR event naming
+both replicas; it ends with DONE and FINISHED, ERROR and FAILED, or CANCELLED. Session events
+(CREATED, INGESTED, REBUILT, CLOSED) go to its event stream of `session:<id>`.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ import grpc
 
 from orchestrator.failures import peer_wait_s, replica_lost, session_needs_rebuild
 from orchestrator.lifecycle_store import LifecycleStore, StoreUnavailable
+from orchestrator.recording import abort_failed, record_cancelled, record_finished, record_moved
 from orchestrator.router import NoReplicaAvailable, ReplicaRouter
 from orchestrator.session_directory import SessionDirectory, SessionRecord
 from protos import common_pb2, sessions_pb2, sessions_pb2_grpc
@@ -165,6 +168,8 @@ class SessionsProxy(sessions_pb2_grpc.SessionsServicer):
 
     # --- streaming calls ----------------------------------------------------------------
     async def Query(self, request, context) -> AsyncIterator[sessions_pb2.QueryResponse]:
+        """Forwarded to the session's replica and recorded like an Ask (recording.py); a replica lost
+        before the first answer message moves the query once, after rebuilding the session."""
         request_id = request.request_id or f"query-{uuid.uuid4().hex[:12]}"
         forward = sessions_pb2.QueryRequest()
         forward.CopyFrom(request)
@@ -173,27 +178,36 @@ class SessionsProxy(sessions_pb2_grpc.SessionsServicer):
         await self.store.create(request_id, request.question, retriever="none", streamed=True,
                                 replica=record.replica)
         await self.store.event(request_id, "SESSION_QUERY", session=request.session_id)
-        sent, text = False, []
-        for attempt in (0, 1):
-            try:
-                async for response in self.stub(record.replica).Query(forward, timeout=RPC_TIMEOUT_S):
-                    sent = True
-                    kind = response.WhichOneof("kind")
-                    if kind == "token":
-                        text.append(response.token.text)
-                    elif kind == "started":
-                        await self.store.event(request_id, "STARTED", data_version=response.started.data_version,
-                                               flash_hit=response.started.flash_hit)
-                    elif kind == "done":
-                        await self._record_done(request_id, record.replica, response.done)
-                    yield response
-                return
-            except grpc.RpcError as exc:
-                if attempt or sent or not self._needs_rebuild(exc, record):
-                    await self.store.update(request_id, state="FAILED", error=exc.details() or str(exc))
-                    await context.abort(exc.code(), exc.details() or str(exc))
-                record = await self._rebuild_or_abort(context, record, exc)
-                await self.store.update(request_id, replica=record.replica)
+        outcome, sent = "cancelled", False
+        try:
+            for attempt in (0, 1):
+                try:
+                    async for response in self.stub(record.replica).Query(forward, timeout=RPC_TIMEOUT_S):
+                        sent = True
+                        kind = response.WhichOneof("kind")
+                        if kind == "started":
+                            await self.store.event(request_id, "STARTED", data_version=response.started.data_version,
+                                                   flash_hit=response.started.flash_hit)
+                        elif kind == "done":
+                            outcome = "answered"
+                            await self._record_done(request_id, response.done)
+                        yield response
+                    return
+                except grpc.RpcError as exc:
+                    if attempt or sent or not self._needs_rebuild(exc, record):
+                        outcome = "failed"
+                        await abort_failed(self.store, context, request_id, exc.code(), exc.details() or str(exc))
+                    lost = record.replica
+                    try:
+                        record = await self.rebuild(record, exc)
+                    except (ReplicaLost, StoreUnavailable) as gone:
+                        outcome = "failed"
+                        await abort_failed(self.store, context, request_id, grpc.StatusCode.UNAVAILABLE, str(gone))
+                    await record_moved(self.store, request_id, lost, record.replica, exc.details() or str(exc),
+                                       "session rebuilt, retrying")
+        finally:
+            if outcome == "cancelled":
+                await record_cancelled(self.store, request_id)
 
     async def Subscribe(self, request, context) -> AsyncIterator[sessions_pb2.SubscribeResponse]:
         record = await self._record(context, request.session_id)
@@ -380,7 +394,7 @@ class SessionsProxy(sessions_pb2_grpc.SessionsServicer):
         except StoreUnavailable as exc:
             await context.abort(grpc.StatusCode.UNAVAILABLE, str(exc))
 
-    async def _record_done(self, request_id: str, replica: str, done: sessions_pb2.QueryDone) -> None:
-        await self.store.event(request_id, "FINISHED", flash_hit=done.flash_hit, data_version=done.data_version)
-        await self.store.update(request_id, state="FINISHED", answer=done.text, replica=replica,
-                                ttft_from_question_s=done.ttft_ms / 1e3, stats=done.stats)
+    async def _record_done(self, request_id: str, done: sessions_pb2.QueryDone) -> None:
+        await record_finished(self.store, request_id, done, ttft_from_question_s=done.ttft_ms / 1e3,
+                              total_s=done.total_ms / 1e3,
+                              noted={"flash_hit": done.flash_hit, "data_version": done.data_version})

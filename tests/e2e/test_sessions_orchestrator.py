@@ -38,6 +38,17 @@ def query(stub, session_id, question=QUESTION, min_data_version=2):
     return started, done
 
 
+def record_of(channel, request_id):
+    """The stored record (GetRequest, as `streamrag requests ID` reads it) once the request has ended."""
+    stub = orchestrator_pb2_grpc.OrchestratorStub(channel)
+    deadline = time.monotonic() + 10
+    while True:
+        record = stub.GetRequest(orchestrator_pb2.GetRequestRequest(request_id=request_id), timeout=30).record
+        if record.state >= orchestrator_pb2.REQUEST_STATE_FINISHED or time.monotonic() > deadline:
+            return record
+        time.sleep(0.05)
+
+
 @pytest.fixture
 def sessions(two_replicas):
     _, service, replicas, channel, private_redis = two_replicas
@@ -72,7 +83,7 @@ def test_calls_go_to_the_replica_holding_the_session_and_are_recorded_in_redis(s
 
 
 def test_a_session_whose_replica_dies_is_rebuilt_on_the_other_replica(sessions):
-    stub, _, replicas, _, r = sessions
+    stub, _, replicas, channel, r = sessions
     ingest(stub, "log", LOG[:2], LOG[2:])
     stub.RegisterFlashQuery(sessions_pb2.RegisterFlashQueryRequest(session_id="log", question="Is db-1 lagging?",
                                                            max_tokens=4), timeout=60)
@@ -85,14 +96,52 @@ def test_a_session_whose_replica_dies_is_rebuilt_on_the_other_replica(sessions):
     assert info.replica != lost and list(info.flash_questions) == ["Is db-1 lagging?"]
     rebuilt = [fields for _, fields in r.xrange("streamrag:req:session:log:events") if fields["kind"] == "REBUILT"]
     assert rebuilt and rebuilt[0]["lost"] == lost
+    moved = record_of(channel, r.zrange("streamrag:requests:recent", -1, -1)[0])      # the query that moved
+    assert moved.replica == info.replica and [e.kind for e in moved.events][-1] == "DONE"
+    errors = [e.fields["detail"] for e in moved.events if e.kind == "ERROR"]
+    assert len(errors) == 1 and lost in errors[0] and errors[0].endswith(f"session rebuilt, retrying on {info.replica}")
     assert ingest(stub, "log", ["09:20 web-1 stopped"]).data_version == 3
 
 
+def test_a_query_is_recorded_with_the_event_names_of_an_ask(sessions):
+    """DONE at the end of an answer (never FINISHED), ERROR before FAILED, as an Ask's record has them."""
+    stub, _, _, channel, _ = sessions
+    orchestrator = orchestrator_pb2_grpc.OrchestratorStub(channel)
+    ingest(stub, "log", LOG)
+    sampling = common_pb2.SamplingParams(max_tokens=4)
+    list(stub.Query(sessions_pb2.QueryRequest(session_id="log", question=QUESTION, request_id="q-answered",
+                                              sampling=sampling), timeout=300))
+    list(orchestrator.Ask(orchestrator_pb2.AskRequest(
+        question=QUESTION, request_id="ask-answered", retriever=orchestrator_pb2.RETRIEVER_CHOICE_NONE,
+        max_tokens=4), timeout=300))
+    answered = {rid: orchestrator.GetRequest(orchestrator_pb2.GetRequestRequest(request_id=rid), timeout=30).record
+                for rid in ("q-answered", "ask-answered")}
+    for record in answered.values():
+        kinds = [e.kind for e in record.events]
+        assert record.state == orchestrator_pb2.REQUEST_STATE_FINISHED and kinds[-1] == "DONE", kinds
+        assert record.answer
+    assert "FINISHED" not in [e.kind for e in answered["q-answered"].events]    # the engine's, on an Ask only
+    done = answered["q-answered"].events[-1].fields
+    assert set(done) >= {"ttft_from_question_s", "total_s", "flash_hit", "data_version"}
+    assert answered["q-answered"].stats.prompt_tokens > 0
+
+    with pytest.raises(grpc.RpcError) as caught:    # the replica refuses it: the query fails as it says
+        list(stub.Query(sessions_pb2.QueryRequest(session_id="log", question=QUESTION, request_id="q-refused",
+                                                  sampling=common_pb2.SamplingParams(max_tokens=4, temperature=-1)),
+                        timeout=300))
+    failed = orchestrator.GetRequest(orchestrator_pb2.GetRequestRequest(request_id="q-refused"), timeout=30).record
+    assert failed.state == orchestrator_pb2.REQUEST_STATE_FAILED and failed.error == caught.value.details()
+    assert [e.kind for e in failed.events][-1] == "ERROR" and failed.events[-1].fields["detail"] == failed.error
+
+
 def test_with_no_replica_left_a_session_call_is_unavailable_and_names_the_lost_replica(sessions):
-    stub, _, replicas, _, _ = sessions
+    stub, _, replicas, channel, r = sessions
     holder = stub.DescribeSession(sessions_pb2.DescribeSessionRequest(session_id="log"), timeout=60).session.replica
     for replica in replicas:
         replica.stop()
     with pytest.raises(grpc.RpcError) as caught:
         query(stub, "log", min_data_version=0)
     assert caught.value.code() is grpc.StatusCode.UNAVAILABLE and holder in caught.value.details()
+    failed = record_of(channel, r.zrange("streamrag:requests:recent", -1, -1)[0])
+    assert failed.state == orchestrator_pb2.REQUEST_STATE_FAILED and failed.error == caught.value.details()
+    assert [e.kind for e in failed.events][-1] == "ERROR" and failed.events[-1].fields["detail"] == failed.error
