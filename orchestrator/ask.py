@@ -40,7 +40,7 @@ from orchestrator.failures import (
 from orchestrator.lifecycle_store import StoreUnavailable
 from orchestrator.pairing import Pair, choose_pair
 from orchestrator.prompt import document_segment, head_segments, preamble_key, suffix_segments
-from orchestrator.recording import record_finished, record_lifecycle
+from orchestrator.recording import record_error, record_finished, record_lifecycle
 from orchestrator.resume import (
     MAX_RESUMES,
     PROMPT_FLUSH_S,
@@ -423,7 +423,7 @@ class AskPipeline:
     async def _retrieval_failed(self, name: str, detail: str) -> None:
         """Go on with what arrived; the error is recorded and reported to the caller."""
         log.warning("%s: retriever %s failed: %s", self.s.request_id, name, detail)
-        await self.store.event(self.s.request_id, "ERROR", source=name, detail=detail)
+        await record_error(self.store, self.s.request_id, detail, source=name)
         await self.out.put(_lifecycle(common_pb2.LIFECYCLE_EVENT_KIND_ERROR, f"retriever {name}: {detail}"))
         await self.warnings.retriever_failed(name, detail)
 
@@ -435,7 +435,7 @@ class AskPipeline:
             try:
                 name, chunk = await asyncio.wait_for(retrieval.get(), max(0.0, deadline - time.monotonic()))
             except TimeoutError:
-                await self.store.event(self.s.request_id, "ERROR", detail="retrieval deadline passed")
+                await record_error(self.store, self.s.request_id, "retrieval deadline passed")
                 await self.warnings.deadline_passed(self.s.deadline_s, pending)
                 break
             if chunk is None:
