@@ -7,6 +7,9 @@
   record (GetRequest) must exist, be FINISHED with the same answer, and hold at least as many
   events of each lifecycle kind as the client saw, one RETRIEVAL_CHUNK per chunk the client saw,
   and a DONE. Every shortfall is counted, per ask.
+- Resumes: the same read collects each ask's CONTINUED events (an answer continued after a break:
+  the tokens it continued after, the KV computed again, the break to its first token) and
+  RESUMED events (an orchestrator took over an Ask the client re-issued).
 """
 
 from __future__ import annotations
@@ -79,9 +82,14 @@ def expected_events(ask: AskOutcome) -> collections.Counter:
     return expected
 
 
-def lost_events(address: str, key: str | None, asks: list[AskOutcome], settle_s: float = 30.0) -> list[LostEvents]:
+RESUME_KINDS = ("CONTINUED", "RESUMED")
+
+
+def lost_events(address: str, key: str | None, asks: list[AskOutcome], settle_s: float = 30.0,
+                continued: dict[str, list[dict]] | None = None) -> list[LostEvents]:
     """Compare what each acknowledged ask's client saw with the store; one entry per ask with a shortfall.
-    A record not yet FINISHED is read again for up to `settle_s` (the store writes behind)."""
+    A record not yet FINISHED is read again for up to `settle_s` (the store writes behind). `continued`,
+    when given, gets each ask's resume events ({request id: [{"kind", "unix_ms", fields...}]})."""
     import grpc
 
     from protos import orchestrator_pb2, orchestrator_pb2_grpc
@@ -110,6 +118,9 @@ def lost_events(address: str, key: str | None, asks: list[AskOutcome], settle_s:
                     if record.answer != ask.answer:
                         missing["answer"] = 1
                     stored = collections.Counter(e.kind for e in record.events)
+                    if continued is not None:
+                        continued[ask.request_id] = [{"kind": e.kind, "unix_ms": e.unix_ms, **dict(e.fields)}
+                                                     for e in record.events if e.kind in RESUME_KINDS]
                     for kind, count in expected_events(ask).items():
                         if stored[kind] < count:
                             missing[kind] = count - stored[kind]

@@ -5,8 +5,10 @@ faults, then soak it with users, an ingesting session and the fault schedule; dr
     streamrag bench chaos --run-dir RUN --duration 2m --faults kill:inference-0,stop:inference-1
 
 Without a stack in --run-dir it starts one there (`streamrag up --free-ports`, fp32 so greedy
-answers compare exactly, two replicas so a frozen one can be failed over, the Python tutorial as
-the corpus) and stops it at the end (`--keep-up` leaves it). `soak()` is the same run on any stack
+answers compare exactly, two replicas so a frozen one can be failed over, two orchestrators so
+asks outlive the one a fault hits, the Python tutorial as the corpus) and stops it at the end
+(`--keep-up` leaves it). Users ask as `streamrag ask` does (workload.Clients: every orchestrator,
+the broken Ask resumed). `soak()` is the same run on any stack
 (tests pass a compose project).
 """
 
@@ -67,6 +69,9 @@ def add_bench_chaos_args(parser: argparse.ArgumentParser) -> None:
                              "(default: a new temporary directory)")
     parser.add_argument("--keep-up", action="store_true", help="leave a stack this command started running")
     parser.add_argument("--replicas", type=positive_int, default=2, help="replicas of a stack started here (default 2)")
+    parser.add_argument("--orchestrators", type=positive_int, default=2,
+                        help="orchestrators of a stack started here, over one Redis (default 2: a fault hits the "
+                             "first, `orchestrator`, and asks resume on the others)")
     parser.add_argument("--dtype", default="float32", help="dtype of a stack started here (default float32: "
                                                           "greedy answers compare exactly)")
     parser.add_argument("--corpus-root", type=Path, default=TUTORIAL,
@@ -84,8 +89,8 @@ def add_bench_chaos_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--recover-timeout", type=duration, default=300.0,
                         help="how long a faulted service gets to be healthy again (default 300s)")
     parser.add_argument("--no-wait-for-ready", dest="wait_for_ready", action="store_false",
-                        help="users' asks fail at once while the orchestrator cannot be reached (default: they wait "
-                             "for it within their deadline, gRPC's wait_for_ready)")
+                        help="users' asks fail at once while no orchestrator can be reached (default: they wait "
+                             "for one within their deadline, gRPC's wait_for_ready)")
     parser.add_argument("--seed", type=int, default=0, help="question order and think times")
     parser.add_argument("--json", type=Path, default=None, help="write the report here")
 
@@ -118,7 +123,7 @@ def wait_until(what: str, ready, timeout_s: float, every_s: float = 2.0) -> None
         time.sleep(every_s)
 
 
-def warm_up(stack, options: SoakOptions, timeout_s: float = 900.0) -> None:
+def warm_up(clients, options: SoakOptions, timeout_s: float = 900.0) -> None:
     """Until one ask per retriever is answered with its documents (the ANNS index may still be building)."""
     from load_tests.chaos.workload import RETRIEVERS, AskSpec, load_questions, run_all
 
@@ -126,8 +131,8 @@ def warm_up(stack, options: SoakOptions, timeout_s: float = 900.0) -> None:
     pending = list(RETRIEVERS)
 
     def answered() -> bool:
-        outcomes = run_all(stack.orchestrator, stack.key, [AskSpec(question, r, True) for r in pending],
-                           len(pending), options.deadline_s, options.max_tokens)
+        outcomes = run_all(clients, [AskSpec(question, r, True) for r in pending], len(pending),
+                           options.deadline_s, options.max_tokens)
         for outcome in outcomes:
             if outcome.ok and outcome.sources:
                 pending.remove(outcome.spec.retriever)
@@ -138,36 +143,39 @@ def warm_up(stack, options: SoakOptions, timeout_s: float = 900.0) -> None:
 
 def soak(stack, options: SoakOptions, settings: dict | None = None) -> dict:
     """The whole run on a stack that is up: reference pass, soak, drain, checks; returns the report."""
+    from load_tests.chaos.workload import Clients, ask_mix, load_questions
+
+    settings = {**asdict(options), **(settings or {}), "dtype": stack.dtype,
+                "orchestrators": len(stack.orchestrator.split(","))}
+    specs = ask_mix(load_questions(options.questions), options.seed)
+    clients = Clients(stack.orchestrator, stack.key, options.wait_for_ready)
+    try:
+        return _soak(stack, options, settings, specs, clients)
+    finally:
+        clients.close()
+
+
+def _soak(stack, options: SoakOptions, settings: dict, specs, clients) -> dict:
     from load_tests.chaos.faults import FaultInjector, schedule
     from load_tests.chaos.observers import close_sessions, leaked_blocks, lost_events
     from load_tests.chaos.report import ask_row, compare_answers, summarize
-    from load_tests.chaos.workload import (
-        IngestingSession,
-        RecoveryProbe,
-        Users,
-        ask_mix,
-        load_questions,
-        run_all,
-    )
+    from load_tests.chaos.workload import IngestingSession, RecoveryProbe, Users, load_questions, run_all
 
-    settings = {**asdict(options), **(settings or {}), "dtype": stack.dtype}
-    specs = ask_mix(load_questions(options.questions), options.seed)
     say("warming up: one answer per retriever")
-    warm_up(stack, options)
+    warm_up(clients, options)
     say(f"fault-free pass: {len(specs)} asks, {options.users} at a time")
-    reference = run_all(stack.orchestrator, stack.key, specs, options.users, options.deadline_s, options.max_tokens)
+    reference = run_all(clients, specs, options.users, options.deadline_s, options.max_tokens)
     say(f"fault-free pass: {sum(a.ok for a in reference)} of {len(reference)} answered")
 
     plans = schedule(options.duration_s, options.fault_every_s, options.faults)
-    users = Users(stack.orchestrator, stack.key, specs, options.users, options.deadline_s, options.max_tokens,
-                  options.think_s, options.seed, options.wait_for_ready)
+    users = Users(clients, specs, options.users, options.deadline_s, options.max_tokens, options.think_s,
+                  options.seed)
     session = IngestingSession(stack.orchestrator, stack.key)
-    probe = RecoveryProbe(stack.orchestrator, stack.key, load_questions(1)[0], options.deadline_s,
-                          options.wait_for_ready)
+    probe = RecoveryProbe(clients, load_questions(1)[0], options.deadline_s)
     injector = FaultInjector(stack, plans, options.stop_s, options.recover_timeout_s, say=say,
                              on_signal=probe.probe)
     say(f"soak: {options.users} users for {options.duration_s:.0f} s, {len(plans)} faults")
-    t0 = time.monotonic()
+    t0, t0_unix = time.monotonic(), time.time()
     users.start()
     session.start()
     injector.start(t0)
@@ -190,14 +198,26 @@ def soak(stack, options: SoakOptions, settings: dict | None = None) -> dict:
     wait_until("services still down", lambda: all(stack.is_up(n) for n in names), options.recover_timeout_s)
     closed = close_sessions(stack.orchestrator, stack.key)
     leaked = leaked_blocks(stack)
-    lost = lost_events(stack.orchestrator, stack.key, users.outcomes)
+    continued: dict[str, list[dict]] = {}
+    lost = lost_events(stack.orchestrator, stack.key, users.outcomes, continued=continued)
     answers = compare_answers(reference, users.outcomes)
     addresses = {r.name: r.target for r in stack.replicas}
     report = summarize(users.outcomes, session.calls, injector.records, lost, leaked, answers, addresses, t0, t_end,
-                       {**settings, "sessions_closed": len(closed), "soak_s": round(t_end - t0, 1)})
+                       {**settings, "sessions_closed": len(closed), "soak_s": round(t_end - t0, 1)},
+                       continuations(continued, t0, t0_unix), reference)
     report["reference"] = [ask_row(a, t0) for a in reference]
     report["probes"] = [ask_row(a, t0) for a in probe.outcomes]
     return report
+
+
+def continuations(continued: dict[str, list[dict]], t0: float, t0_unix: float) -> list[dict]:
+    """The store's CONTINUED events (orchestrator/ask.py: an answer continued after a break), each with its
+    request id and `at` on the soak's monotonic clock."""
+    rows = []
+    for request_id, events in continued.items():
+        for event in events:
+            rows.append({**event, "request_id": request_id, "at": t0 + event["unix_ms"] / 1000 - t0_unix})
+    return rows
 
 
 def stack_in(run_dir: Path):
@@ -214,7 +234,8 @@ def start_stack(args: argparse.Namespace, run_dir: Path) -> None:
 
     index = args.index or default_cache_dir() / "index" / args.corpus_root.resolve().name
     command = [sys.executable, "-m", "streamrag.cli", "up", "--run-dir", str(run_dir), "--free-ports",
-               "--replicas", str(args.replicas), "--dtype", args.dtype, "--corpus-root", str(args.corpus_root),
+               "--replicas", str(args.replicas), "--orchestrators", str(args.orchestrators), "--dtype", args.dtype,
+               "--corpus-root", str(args.corpus_root),
                "--index", str(index), "--timeout", "600"]
     say(f"starting a stack: {' '.join(command[2:])}")
     if subprocess.run(command, stdin=subprocess.DEVNULL).returncode != 0:

@@ -1,7 +1,7 @@
 """Where the soak finds the stack's services and how it hurts them: `streamrag up`'s run directory
 (processes) or a compose project (containers).
 
-Both give the same few things: the orchestrator's address and key, the inference replicas, an
+Both give the same few things: the orchestrators' addresses and key, the inference replicas, an
 `incarnation` of each service that changes when it is started again, whether it is up (running
 and answering its health check), a signal (`kill`: SIGKILL; `stop`/`cont`: SIGSTOP/SIGCONT) and
 each replica's KV pools (free, total) and what holds them, for the leak check.
@@ -68,8 +68,8 @@ class LocalStack:
         state = self._state()
         if state is None:
             raise FileNotFoundError(f"no stack is up in {run_dir} (no state.json)")
-        by_name = {s["name"]: s for s in state["services"]}
-        self.orchestrator = by_name["orchestrator"]["target"]
+        # every orchestrator ("a:port,b:port"): clients spread asks over them as `streamrag ask` does
+        self.orchestrator = ",".join(s["target"] for s in state["services"] if s["kind"] == "orchestrator")
         key_file = state["options"].get("api_key_file")
         self.key = Path(key_file).read_text().strip() if key_file else os.environ.get("STREAMRAG_API_KEY") or None
         self.dtype = state["options"].get("dtype", "")

@@ -4,12 +4,20 @@ session ingesting data, each call recorded with its times and outcome.
 The question set is deterministic: the first `questions` lines of load_tests/questions.txt, each
 asked with each retriever (anns, crawler, both), streamed and not, in an order fixed by the
 seed. Every ask has a deadline (the gRPC timeout); one that ends by it without an answer is hung.
-Users open their channel with the services' short reconnect back-off (servicekit.channels), so a
-restarted orchestrator is dialled again within 2 s, as any well-configured client would.
+
+Every ask goes the way `streamrag ask` and the gateway send theirs: one channel over every
+orchestrator (gRPC's round_robin with health checking, `servicekit.channels.spread_target`), the
+services' short reconnect back-off and keepalive, and the stream read through
+`servicekit.ask_resume.ResumableAsk`, which re-issues an Ask whose orchestrator died as a resume
+(same request id, the tokens it has). The soak's clients share one asyncio loop in a thread
+(`Clients`); users, the probe and the reference pass block on it. Per ask it records each
+re-issue (when, after how many tokens, how long until the next new token) and whether the tokens
+arrived once each, in order (their indexes 0..n-1 and their text the answer).
 """
 
 from __future__ import annotations
 
+import asyncio
 import collections
 import random
 import threading
@@ -41,6 +49,14 @@ def ask_mix(questions: list[str], seed: int) -> list[AskSpec]:
 
 
 @dataclass
+class Reissue:
+    at: float                          # monotonic: the Ask sent again (its stream had just broken)
+    tokens: int                        # answer tokens the client had then
+    broke_after_s: float               # from the last token (or the ask's start) to the break
+    token_after_s: float | None = None   # from the re-issue to the next new token (None: none came)
+
+
+@dataclass
 class AskOutcome:
     user: int
     spec: AskSpec
@@ -57,6 +73,10 @@ class AskOutcome:
     retrieved_from: tuple[str, ...] = ()   # retrievers whose chunks arrived
     lifecycle: dict[str, int] = field(default_factory=dict)   # kinds the client saw -> count
     chunks: int = 0                    # retrieval chunks the client saw
+    reissues: list[Reissue] = field(default_factory=list)    # the client re-issued the Ask (a resume)
+    tokens: int = 0                    # answer tokens the client got
+    tokens_in_order: bool = True       # indexes 0..n-1, once each, and their text is the answer
+    max_token_gap_s: float = 0.0       # the longest wait between two answer tokens (or start and first)
 
     @property
     def hung(self) -> bool:
@@ -71,20 +91,52 @@ def needs(spec: AskSpec) -> tuple[str, ...]:
 
 
 def orchestrator_channel(address: str, key: str | None):
+    """A sync channel over every orchestrator in `address` ("a:port,b:port"), as the CLI dials them."""
     from servicekit.auth import keyed_channel
-    from servicekit.channels import RECONNECT_OPTIONS
+    from servicekit.channels import KEEPALIVE_OPTIONS, RECONNECT_OPTIONS, spread_options, spread_target
 
-    return keyed_channel(address, options=RECONNECT_OPTIONS, key=key)
+    return keyed_channel(spread_target(address), key=key,
+                         options=(*RECONNECT_OPTIONS, *KEEPALIVE_OPTIONS, *spread_options(wait_for_ready=False)))
 
 
-def ask_once(stub, spec: AskSpec, user: int, deadline_s: float, max_tokens: int,
-             wait_for_ready: bool = True) -> AskOutcome:
-    """One Ask, recorded (never raises for a failed call). With `wait_for_ready` the call waits, within its
-    deadline, for an orchestrator that is not reachable yet instead of failing at once (gRPC's own means)."""
+class Clients:
+    """The soak's Ask clients: one `grpc.aio` channel over every orchestrator, on one asyncio loop in a
+    thread. `ask(spec, ...)` blocks the calling thread until that Ask ends. With `wait_for_ready` a call
+    made while no orchestrator is ready waits for one within its deadline (`spread_options`)."""
+
+    def __init__(self, address: str, key: str | None, wait_for_ready: bool = True) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, name="chaos-clients", daemon=True)
+        self.thread.start()
+        self.channel = self._run(self._open(address, key, wait_for_ready))
+
+    async def _open(self, address: str, key: str | None, wait_for_ready: bool):
+        from servicekit.channels import open_channel, spread_options, spread_target
+
+        return open_channel(spread_target(address), options=spread_options(wait_for_ready=wait_for_ready),
+                            api_key=key)
+
+    def _run(self, coro):
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result()
+
+    def ask(self, spec: AskSpec, user: int, deadline_s: float, max_tokens: int) -> AskOutcome:
+        return self._run(ask_resuming(self.channel, spec, user, deadline_s, max_tokens))
+
+    def close(self) -> None:
+        self._run(self.channel.close())
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join()
+
+
+async def ask_resuming(channel, spec: AskSpec, user: int, deadline_s: float, max_tokens: int) -> AskOutcome:
+    """One Ask read through ResumableAsk (as `streamrag ask` reads it), recorded; never raises for a failed
+    call. Every call of it (the first and each re-issue) gets what is left of the ask's deadline."""
     import grpc
 
-    from protos import common_pb2, orchestrator_pb2
+    from protos import common_pb2, orchestrator_pb2, orchestrator_pb2_grpc
+    from servicekit.ask_resume import ResumableAsk
 
+    stub = orchestrator_pb2_grpc.OrchestratorStub(channel)
     choice = {"anns": orchestrator_pb2.RETRIEVER_CHOICE_ANNS, "crawler": orchestrator_pb2.RETRIEVER_CHOICE_CRAWLER,
               "both": orchestrator_pb2.RETRIEVER_CHOICE_BOTH}[spec.retriever]
     request = orchestrator_pb2.AskRequest(question=spec.question, retriever=choice, no_stream=not spec.streamed,
@@ -92,18 +144,38 @@ def ask_once(stub, spec: AskSpec, user: int, deadline_s: float, max_tokens: int,
     out = AskOutcome(user, spec, time.monotonic(), deadline_s=deadline_s)
     kinds: collections.Counter = collections.Counter()
     sources: set[str] = set()
+    indexes: list[int] = []
+    text = ""
+    last = out.start                    # the last answer token's arrival (or the start)
+
+    def call(ask_request):
+        now = time.monotonic()
+        if ask_request.HasField("resume"):      # the stream broke: ResumableAsk sends it again
+            out.reissues.append(Reissue(now, len(indexes), round(now - last, 3)))
+        return stub.Ask(ask_request, timeout=max(0.1, out.start + deadline_s - now))
+
+    resumable = ResumableAsk(call, request)
+    out.request_id = resumable.request_id
     try:
-        for response in stub.Ask(request, timeout=deadline_s, wait_for_ready=wait_for_ready):
+        async for response in resumable:
             event = response.event
             kind = event.WhichOneof("kind")
             if kind == "started":
-                out.request_id, out.replica = event.started.request_id, event.started.replica
+                out.replica = event.started.replica
             elif kind == "retrieval":
                 out.chunks += 1
                 sources.add(event.retrieval.source)
             elif kind == "lifecycle":
                 name = common_pb2.LifecycleEventKind.Name(event.lifecycle.kind)
                 kinds[name.removeprefix("LIFECYCLE_EVENT_KIND_")] += 1
+            elif kind == "token":
+                now = time.monotonic()
+                out.max_token_gap_s = max(out.max_token_gap_s, now - last)
+                if out.reissues and out.reissues[-1].token_after_s is None:
+                    out.reissues[-1].token_after_s = round(now - out.reissues[-1].at, 3)
+                last = now
+                indexes.append(event.token.index)
+                text += event.token.text
             elif kind == "done":
                 out.ok, out.answer, out.replica = True, event.done.answer, event.done.replica
                 out.sources = tuple(d.id for d in event.done.sources)
@@ -112,6 +184,8 @@ def ask_once(stub, spec: AskSpec, user: int, deadline_s: float, max_tokens: int,
     except grpc.RpcError as exc:
         out.code, out.detail = exc.code().name, (exc.details() or "")[:300]
     out.end = time.monotonic()
+    out.tokens = len(indexes)
+    out.tokens_in_order = indexes == list(range(len(indexes))) and (not out.ok or text == out.answer)
     out.lifecycle, out.retrieved_from = dict(kinds), tuple(sorted(sources))
     return out
 
@@ -120,15 +194,13 @@ def ask_once(stub, spec: AskSpec, user: int, deadline_s: float, max_tokens: int,
 class Users:
     """`count` users asking from `specs` (each user starts at its own offset), thinking `think_s` between asks."""
 
-    address: str
-    key: str | None
+    clients: Clients
     specs: list[AskSpec]
     count: int
     deadline_s: float
     max_tokens: int
     think_s: tuple[float, float] = (1.0, 3.0)
     seed: int = 0
-    wait_for_ready: bool = True
     outcomes: list[AskOutcome] = field(default_factory=list)
 
     def __post_init__(self) -> None:
@@ -153,20 +225,15 @@ class Users:
             return any(o.ok and o.start >= t for o in self.outcomes)
 
     def _user(self, user: int) -> None:
-        from protos import orchestrator_pb2_grpc
-
         rng = random.Random(self.seed * 1000 + user)
         step = max(1, len(self.specs) // max(1, self.count))
         i = user * step
-        with orchestrator_channel(self.address, self.key) as channel:
-            stub = orchestrator_pb2_grpc.OrchestratorStub(channel)
-            while not self.quit.is_set():
-                outcome = ask_once(stub, self.specs[i % len(self.specs)], user, self.deadline_s, self.max_tokens,
-                                   self.wait_for_ready)
-                with self.lock:
-                    self.outcomes.append(outcome)
-                i += 1
-                self.quit.wait(rng.uniform(*self.think_s))
+        while not self.quit.is_set():
+            outcome = self.clients.ask(self.specs[i % len(self.specs)], user, self.deadline_s, self.max_tokens)
+            with self.lock:
+                self.outcomes.append(outcome)
+            i += 1
+            self.quit.wait(rng.uniform(*self.think_s))
 
 
 @dataclass
@@ -175,11 +242,9 @@ class RecoveryProbe:
     ask) again and again, one ask at a time, until one is answered with that service's part: the start of
     that ask is when asks succeed again, untouched by how busy the users happen to be."""
 
-    address: str
-    key: str | None
+    clients: Clients
     question: str
     deadline_s: float
-    wait_for_ready: bool = True
     outcomes: list[AskOutcome] = field(default_factory=list)
 
     def __post_init__(self) -> None:
@@ -198,32 +263,24 @@ class RecoveryProbe:
             thread.join()
 
     def _probe(self, record) -> None:
-        from protos import orchestrator_pb2_grpc
-
         target = record.plan.target
         spec = AskSpec(self.question, target if target in RETRIEVERS else "anns", True)
-        with orchestrator_channel(self.address, self.key) as channel:
-            stub = orchestrator_pb2_grpc.OrchestratorStub(channel)
-            while not self.quit.is_set():
-                outcome = ask_once(stub, spec, -2, self.deadline_s, 1, self.wait_for_ready)
-                self.outcomes.append(outcome)
-                if outcome.ok and set(needs(spec)) <= set(outcome.retrieved_from):
-                    record.probe_ok, record.probe_answered = outcome.start, outcome.end
-                    return
-                self.quit.wait(0.5)
+        while not self.quit.is_set():
+            outcome = self.clients.ask(spec, -2, self.deadline_s, 1)
+            self.outcomes.append(outcome)
+            if outcome.ok and set(needs(spec)) <= set(outcome.retrieved_from):
+                record.probe_ok, record.probe_answered = outcome.start, outcome.end
+                return
+            self.quit.wait(0.5)
 
 
-def run_all(address: str, key: str | None, specs: list[AskSpec], concurrency: int, deadline_s: float,
+def run_all(clients: Clients, specs: list[AskSpec], concurrency: int, deadline_s: float,
             max_tokens: int) -> list[AskOutcome]:
     """Each spec once, `concurrency` at a time (the fault-free reference pass)."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from protos import orchestrator_pb2_grpc
-
-    with orchestrator_channel(address, key) as channel:
-        stub = orchestrator_pb2_grpc.OrchestratorStub(channel)
-        with ThreadPoolExecutor(concurrency) as pool:
-            return list(pool.map(lambda s: ask_once(stub, s, -1, deadline_s, max_tokens), specs))
+    with ThreadPoolExecutor(concurrency) as pool:
+        return list(pool.map(lambda s: clients.ask(s, -1, deadline_s, max_tokens), specs))
 
 
 @dataclass
