@@ -8,8 +8,9 @@ appended and the engine computes them itself; the answer is the same. `truncate`
 first `valid_tokens` tokens (the engine's own invalidation), `finish` lets the request decode: the
 engine computes the last prompt token, samples the first token and decodes. Every message is acked
 once applied; the request's events follow on the same call. The call ending, any way, aborts the
-request, so its blocks are freed. The first message's checks and the responses are
-`receive_call`'s, shared with the vLLM backend.
+request, so its blocks are freed. The call itself (the first message's checks, the order of the
+rest, the responses) is `kv_transfer/receive_call.KvTransferServicerBase`, shared with the vLLM
+backend; this module is how the engine applies the messages.
 """
 
 from __future__ import annotations
@@ -20,69 +21,54 @@ import logging
 from inference_svc.engine.engine import Engine
 from inference_svc.engine.kv_export import KvLayout, import_blocks
 from inference_svc.engine.request import Segment
-from inference_svc.kv_transfer.receive_call import SERVICE_NAME, Ack, abort_for, check_blocks, read_begin, respond
+from inference_svc.kv_transfer.receive_call import SERVICE_NAME, Ack, KvTransferServicerBase, check_blocks
 from inference_svc.native.engine_thread import EngineThread
 from inference_svc.rpc.errors import KvTransferError, KvTransferUnknownRequest, status_for
-from protos import kv_transfer_pb2, kv_transfer_pb2_grpc
+from protos import kv_transfer_pb2
 
 log = logging.getLogger(__name__)
 
 __all__ = ["SERVICE_NAME", "Ack", "KvTransferServicer"]
 
 
-class KvTransferServicer(kv_transfer_pb2_grpc.KvTransferServicer):
+class KvTransferServicer(KvTransferServicerBase):
     def __init__(self, engine_thread: EngineThread, layout: KvLayout, num_device_blocks: int) -> None:
+        super().__init__(layout, num_device_blocks)
         self.engine_thread = engine_thread
-        self.layout = layout
-        self.num_device_blocks = num_device_blocks
-        self.calls = 0          # transfers received
-        self.active = 0         # transfers open now
+        self._failed: dict[str, bool] = {}      # per open call: a command failed, the rest do nothing
 
-    async def Transfer(self, request_iterator, context):
-        request_id, begin, sampling = await read_begin(request_iterator, context, self.layout)
+    # --- the backend hook -------------------------------------------------------------
+    async def _open(self, request_id, begin, sampling) -> asyncio.Queue:
         events = self.engine_thread.subscribe(request_id)
-        opened = False
-        reader = None
-        self.active += 1
         try:
-            try:
-                await self.engine_thread.call(lambda e: e.open(request_id, (), sampling, begin.priority))
-            except Exception as exc:
-                await abort_for(context, exc)
-            opened = True
-            self.calls += 1
-            reader = asyncio.create_task(self._read(request_iterator, request_id, events))
-            async for response in respond(events, context):
-                yield response
-        finally:
-            self.active -= 1
-            if reader is not None:
-                reader.cancel()
+            await self.engine_thread.call(lambda e: e.open(request_id, (), sampling, begin.priority))
+        except Exception:
             self.engine_thread.unsubscribe(request_id)
-            if opened:
-                self.engine_thread.abort_soon(request_id)
+            raise
+        self._failed[request_id] = False
+        return events
 
-    async def _read(self, request_iterator, request_id: str, events: asyncio.Queue) -> None:
-        """Apply blocks / truncate / finish in order; each is acked on `events` once applied.
-
-        Commands are queued for the engine thread without waiting for the previous one: those that
+    def _apply(self, request_id: str, kind: str, message, events: asyncio.Queue) -> None:
+        """Commands are queued for the engine thread without waiting for the previous one: those that
         arrive while a step runs are applied together when it ends. The tail's blocks and `finish`
         arrive about a millisecond apart, so the hand-off waits for one step boundary, not two.
         The engine thread runs them in order and their acks follow in the same order; once one
         fails, the rest of the call's commands do nothing (the call ends with that failure)."""
-        failed = False
+        if kind == "blocks":
+            apply = self._blocks_command(request_id, message)
+        elif kind == "truncate":
+            apply = _truncate_command(request_id, message.valid_tokens)
+        else:
+            apply = _finish_command(request_id)
 
-        def guarded(apply):
-            def run(engine: Engine):
-                nonlocal failed
-                if failed:
-                    return None
-                try:
-                    return apply(engine)
-                except Exception:
-                    failed = True
-                    raise
-            return run
+        def guarded(engine: Engine):
+            if self._failed.get(request_id, True):
+                return None
+            try:
+                return apply(engine)
+            except Exception:
+                self._failed[request_id] = True
+                raise
 
         def on_applied(future: asyncio.Future) -> None:
             if future.cancelled():
@@ -92,26 +78,15 @@ class KvTransferServicer(kv_transfer_pb2_grpc.KvTransferServicer):
             elif future.result() is not None:
                 events.put_nowait(future.result())
 
-        try:
-            async for message in request_iterator:
-                if message.request_id != request_id:
-                    raise KvTransferUnknownRequest(
-                        f"this call transfers {request_id!r}, not {message.request_id!r}")
-                kind = message.WhichOneof("kind")
-                if kind == "blocks":
-                    apply = self._blocks_command(request_id, message.blocks)
-                elif kind == "truncate":
-                    apply = _truncate_command(request_id, message.truncate.valid_tokens)
-                elif kind == "finish":
-                    apply = _finish_command(request_id)
-                else:
-                    raise KvTransferError(f"{kind or 'a message without a kind'} after begin")
-                self.engine_thread.submit(guarded(apply)).add_done_callback(on_applied)
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:
-            failed = True
-            events.put_nowait(status_for(exc))
+        self.engine_thread.submit(guarded).add_done_callback(on_applied)
+
+    def _refused(self, request_id: str) -> None:
+        self._failed[request_id] = True
+
+    def _close(self, request_id: str) -> None:
+        self._failed.pop(request_id, None)
+        self.engine_thread.unsubscribe(request_id)
+        self.engine_thread.abort_soon(request_id)
 
     def _blocks_command(self, request_id: str, blocks: kv_transfer_pb2.KvBlocks):
         """Validated here, on the event loop; applied on the engine thread."""

@@ -1,8 +1,23 @@
-"""The decode side's `KvTransfer.Transfer` call, what both backends' servicers share (native
-`receiver.KvTransferServicer`, vLLM `vllm_backend/kv_receiver.VllmKvTransferServicer`): the checks
-of the first message (`read_begin`) and of each `blocks` message (`check_blocks`), and the responses
-the call sends (`respond`). How the blocks are held and the request decoded stays with each backend.
-Neither the native engine nor vllm is imported here.
+"""The decode side's `KvTransfer.Transfer` call, written once for both backends:
+`KvTransferServicerBase` (native `disagg/receiver.KvTransferServicer`, vLLM
+`vllm_backend/kv_receiver.VllmKvTransferServicer`) reads the first message (`read_begin`: it must be
+a `begin` for this replica's KV layout), reads the rest in order, sends the responses (`respond`) and
+counts the calls; each `blocks` message has its own checks (`check_blocks`). A backend implements
+the hook, in the `rpc.servicer.StreamServicerBase` way:
+
+- `_open(request_id, begin, sampling)`: start receiving the request; returns the queue its
+  responses' items arrive on (`respond`). Raising refuses the call with the error's status.
+- `_apply(request_id, kind, message, events)`: apply a `blocks`, `truncate` or `finish` message
+  (`kind`; `message` is the `KvBlocks`, `KvTruncate` or `KvFinish`) in order, its `Ack` on
+  `events` once applied. Raising here, or an `ErrorStatus` on `events`, ends the call with that
+  status.
+- `_check(request_id, kind)`: refuse a message before it is looked at (nothing by default).
+- `_refused(request_id)`: a message was refused; the call is ending (nothing by default).
+- `_close(request_id)`: the call is over (any reason, once `_open` returned): abort the request,
+  free what it holds.
+
+How the blocks are held and the request decoded stays with each backend. Neither the native engine
+nor vllm is imported here.
 """
 
 from __future__ import annotations
@@ -27,7 +42,7 @@ from inference_svc.rpc.errors import (
     status_for,
 )
 from inference_svc.rpc.summary import RequestSummary
-from protos import kv_transfer_pb2
+from protos import kv_transfer_pb2, kv_transfer_pb2_grpc
 from servicekit.server import UndecodableRequest
 
 SERVICE_NAME = kv_transfer_pb2.DESCRIPTOR.services_by_name["KvTransfer"].full_name
@@ -119,3 +134,68 @@ async def respond(events: asyncio.Queue, context):
             if item.kind is EventKind.TOKEN:
                 token_index += 1
                 text.append(item.text)
+
+
+class KvTransferServicerBase(kv_transfer_pb2_grpc.KvTransferServicer):
+    """`Transfer`, written once; subclasses implement the hook (the module's docstring)."""
+
+    def __init__(self, layout: KvLayout, num_device_blocks: int) -> None:
+        self.layout = layout
+        self.num_device_blocks = num_device_blocks
+        self.calls = 0          # transfers received
+        self.active = 0         # transfers open now (a decode replica's load: `DecodeTargets.GetStats`)
+
+    async def Transfer(self, request_iterator, context):
+        request_id, begin, sampling = await read_begin(request_iterator, context, self.layout)
+        opened = False
+        reader = None
+        self.active += 1
+        try:
+            try:
+                events = await self._open(request_id, begin, sampling)
+            except Exception as exc:
+                await abort_for(context, exc)
+            opened = True
+            self.calls += 1
+            reader = asyncio.create_task(self._read(request_iterator, request_id, events))
+            async for response in respond(events, context):
+                yield response
+        finally:
+            self.active -= 1
+            if reader is not None:
+                reader.cancel()
+            if opened:
+                self._close(request_id)
+
+    async def _read(self, request_iterator, request_id: str, events: asyncio.Queue) -> None:
+        """Apply blocks / truncate / finish in order; a refused message ends the call with its status."""
+        try:
+            async for message in request_iterator:
+                if message.request_id != request_id:
+                    raise KvTransferUnknownRequest(f"this call transfers {request_id!r}, not {message.request_id!r}")
+                kind = message.WhichOneof("kind")
+                self._check(request_id, kind)
+                if kind not in ("blocks", "truncate", "finish"):
+                    raise KvTransferError(f"{kind or 'a message without a kind'} after begin")
+                self._apply(request_id, kind, getattr(message, kind), events)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            self._refused(request_id)
+            events.put_nowait(status_for(exc))
+
+    # --- the backend hook -------------------------------------------------------------
+    async def _open(self, request_id: str, begin: kv_transfer_pb2.KvBegin, sampling: SamplingParams) -> asyncio.Queue:
+        raise NotImplementedError
+
+    def _apply(self, request_id: str, kind: str, message, events: asyncio.Queue) -> None:
+        raise NotImplementedError
+
+    def _check(self, request_id: str, kind: str | None) -> None:
+        """Refuse a message (raise) before its kind is looked at; nothing by default."""
+
+    def _refused(self, request_id: str) -> None:
+        """A message was refused: the call ends with its status; nothing by default."""
+
+    def _close(self, request_id: str) -> None:
+        raise NotImplementedError

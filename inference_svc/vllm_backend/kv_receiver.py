@@ -9,7 +9,10 @@ request exists, and it cannot take a prompt that is still growing with KV import
 sampled with the sender's parameters; our connector (`kv_connector.py`) reports the tokens whose KV
 arrived as already computed and copies them into the request's blocks, so vLLM computes only the
 last prompt token, then samples and decodes. The request's events go back on the call; the call
-ending, any way, aborts the request (its blocks are freed) and deletes its spool file.
+ending, any way, aborts the request (its blocks are freed) and deletes its spool file. The call
+itself (the first message's checks, the order of the rest, the responses) is
+`kv_transfer/receive_call.KvTransferServicerBase`, shared with the native engine; this module is
+how vLLM applies the messages.
 """
 
 from __future__ import annotations
@@ -20,19 +23,21 @@ import logging
 import os
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 
 import torch
 
 from inference_svc.engine.engine import DuplicateRequestError
 from inference_svc.engine.kv_export import KvLayout, blocks_for_range
 from inference_svc.engine.request import Segment
-from inference_svc.kv_transfer.receive_call import SERVICE_NAME, Ack, abort_for, check_blocks, read_begin, respond
-from inference_svc.rpc.errors import KvTransferError, KvTransferUnknownRequest, status_for
+from inference_svc.engine.sampler import SamplingParams
+from inference_svc.kv_transfer.receive_call import SERVICE_NAME, Ack, KvTransferServicerBase, check_blocks
+from inference_svc.rpc.errors import KvTransferError
 from inference_svc.vllm_backend.kv_spool import LOAD_KEY, KvSpool
 from inference_svc.vllm_backend.prompt import StreamedPrompt
 from inference_svc.vllm_backend.session import VllmRequest
 from inference_svc.vllm_backend.stats import StatsSource
-from protos import kv_transfer_pb2, kv_transfer_pb2_grpc
+from protos import kv_transfer_pb2
 
 log = logging.getLogger(__name__)
 
@@ -91,72 +96,60 @@ class LoadingRequest(VllmRequest):
         return {LOAD_KEY: {"key": self.load_key}}
 
 
-class VllmKvTransferServicer(kv_transfer_pb2_grpc.KvTransferServicer):
+@dataclass
+class _Receiving:
+    """One open call: what arrived, its sampling and spool key, and its request once `finish` started it."""
+    received: ReceivedPrompt
+    sampling: SamplingParams
+    key: str
+    started: list[LoadingRequest] = field(default_factory=list)
+
+
+class VllmKvTransferServicer(KvTransferServicerBase):
     def __init__(self, llm, new_prompt: Callable[[], StreamedPrompt], decode: Callable[[list[int]], str],
                  stats: StatsSource, layout: KvLayout, num_device_blocks: int, spool: KvSpool) -> None:
+        super().__init__(layout, num_device_blocks)
         self.llm = llm
         self.new_prompt = new_prompt
         self.decode = decode
         self.stats = stats
-        self.layout = layout
-        self.num_device_blocks = num_device_blocks
         self.spool = spool
-        self.calls = 0          # transfers received
-        self.active = 0         # transfers open now
-        self._open_ids: set[str] = set()
+        self._receiving: dict[str, _Receiving] = {}
         self._keys = itertools.count()
 
-    async def Transfer(self, request_iterator, context):
-        request_id, _, sampling = await read_begin(request_iterator, context, self.layout)
-        if request_id in self._open_ids:
-            await abort_for(context, DuplicateRequestError(f"request {request_id!r} is already being transferred here"))
-        self._open_ids.add(request_id)
-        self.active += 1
-        self.calls += 1
-        events: asyncio.Queue = asyncio.Queue()
-        received = ReceivedPrompt(self.layout, self.num_device_blocks)
-        key = f"{os.getpid()}-{next(self._keys)}"
-        started: list[LoadingRequest] = []
-        reader = asyncio.create_task(self._read(request_iterator, request_id, received, sampling, key, events,
-                                                started))
-        try:
-            async for response in respond(events, context):
-                yield response
-        finally:
-            reader.cancel()
-            for request in started:
-                if not request.finished:
-                    self.stats.request_aborted(request.stats)
-                request.close()          # aborts the vLLM request: its blocks are freed
-            self.spool.drop_load(key)
-            self._open_ids.discard(request_id)
-            self.active -= 1
+    # --- the backend hook -------------------------------------------------------------
+    async def _open(self, request_id, begin, sampling) -> asyncio.Queue:
+        if request_id in self._receiving:
+            raise DuplicateRequestError(f"request {request_id!r} is already being transferred here")
+        self._receiving[request_id] = _Receiving(ReceivedPrompt(self.layout, self.num_device_blocks), sampling,
+                                                 f"{os.getpid()}-{next(self._keys)}")
+        return asyncio.Queue()
 
-    async def _read(self, request_iterator, request_id: str, received: ReceivedPrompt, sampling, key: str,
-                    events: asyncio.Queue, started: list[LoadingRequest]) -> None:
-        """Apply blocks / truncate / finish in order; each is acked on `events` once applied."""
-        try:
-            async for message in request_iterator:
-                if message.request_id != request_id:
-                    raise KvTransferUnknownRequest(f"this call transfers {request_id!r}, not {message.request_id!r}")
-                if started:
-                    raise KvTransferError(f"{message.WhichOneof('kind')} after finish")
-                kind = message.WhichOneof("kind")
-                if kind == "blocks":
-                    kv = received.check_blocks(message.blocks)
-                    received.add_blocks(message.blocks.start_token, list(message.blocks.token_ids), kv)
-                    events.put_nowait(Ack(len(received.token_ids), len(received.token_ids)))
-                elif kind == "truncate":
-                    received.truncate(message.truncate.valid_tokens)
-                    events.put_nowait(Ack(len(received.token_ids), 0))
-                elif kind == "finish":
-                    started.append(self._decode(request_id, received, sampling, key, events))
-                else:
-                    raise KvTransferError(f"{kind or 'a message without a kind'} after begin")
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:
-            events.put_nowait(status_for(exc))
+    def _check(self, request_id: str, kind: str | None) -> None:
+        if self._receiving[request_id].started:
+            raise KvTransferError(f"{kind} after finish")
+
+    def _apply(self, request_id: str, kind: str, message, events: asyncio.Queue) -> None:
+        """Applied at once, in order; each is acked on `events`."""
+        call = self._receiving[request_id]
+        received = call.received
+        if kind == "blocks":
+            kv = received.check_blocks(message)
+            received.add_blocks(message.start_token, list(message.token_ids), kv)
+            events.put_nowait(Ack(len(received.token_ids), len(received.token_ids)))
+        elif kind == "truncate":
+            received.truncate(message.valid_tokens)
+            events.put_nowait(Ack(len(received.token_ids), 0))
+        else:
+            call.started.append(self._decode(request_id, received, call.sampling, call.key, events))
+
+    def _close(self, request_id: str) -> None:
+        call = self._receiving.pop(request_id)
+        for request in call.started:
+            if not request.finished:
+                self.stats.request_aborted(request.stats)
+            request.close()          # aborts the vLLM request: its blocks are freed
+        self.spool.drop_load(call.key)
 
     def _decode(self, request_id: str, received: ReceivedPrompt, sampling, key: str,
                 events: asyncio.Queue) -> LoadingRequest:
