@@ -40,9 +40,10 @@ INFERENCE_ROOMS = {
     "engine": set(),
     "rpc": {"engine", "options"},
     "native": {"engine", "rpc", "options"},
-    "kv_transfer": {"engine", "rpc", "options"},   # the KV transfer both backends speak
+    # the one KV hand-off (its state machine, Transfer(), the call) both backends share: neither backend
+    "kv_transfer": {"engine", "rpc", "options"},
     "vllm_backend": {"engine", "rpc", "options", "kv_transfer"},
-    "disagg": {"engine", "rpc", "native", "options", "kv_transfer"},   # the native hand-off
+    "disagg": {"engine", "rpc", "native", "options", "kv_transfer"},   # the native hand-off's hooks
 }
 
 # What each room of retriever_svc may import of retriever_svc (besides itself and RETRIEVER_SHARED): a room,
@@ -186,6 +187,24 @@ def test_no_retriever_svc_modules_import_each_other_round_a_loop():
 def test_the_cli_lives_in_streamrag_and_the_orchestrator_is_the_service_alone():
     assert (ROOT / "streamrag" / "cli.py").is_file()
     assert not {"cli.py", "stack.py", "demo.py", "ask_cli.py"} & {p.name for p in (ROOT / "orchestrator").iterdir()}
+
+
+def test_the_cli_opens_no_redis():
+    """Lifecycles are read through the orchestrator (GetRequest, ListRequests): no module of `streamrag`
+    imports a Redis client or the lifecycle store (the stack only starts and pings a redis-server)."""
+    found = {str(path.relative_to(ROOT)): sorted(names) for path in sorted((ROOT / "streamrag").rglob("*.py"))
+             if (names := {n for n in imported_names(path)
+                           if n.split(".")[0] == "redis" or n.startswith("orchestrator.lifecycle_store")})}
+    assert not found, f"the CLI opens Redis: {found}"
+
+
+def test_the_local_stack_imports_no_command_above_it():
+    """`streamrag/stack/` (the processes, the run directory, the addresses the commands dial) is the room
+    every command stands on: it imports none of them."""
+    above = {str(path.relative_to(ROOT)): sorted(names) for path in sorted((ROOT / "streamrag" / "stack").rglob("*.py"))
+             if (names := {n for n in imported_names(path)
+                           if n.startswith("streamrag.") and not n.startswith("streamrag.stack")})}
+    assert not above, f"streamrag/stack imports commands above it: {above}"
 
 
 def test_the_architecture_page_draws_the_same_graph():

@@ -58,8 +58,3 @@ class DisaggServicer(DecodeTargets, NativeServicer):
         """Ship what the step computed for each hand-off."""
         for handoff in self._polled:
             handoff.poll(engine)
-
-    def _snapshot(self, engine: Engine, num_sessions: int):
-        stats = super()._snapshot(engine, num_sessions)
-        stats.role = self.role
-        return stats

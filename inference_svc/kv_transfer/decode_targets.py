@@ -1,8 +1,8 @@
 """What an `Inference` servicer with hand-offs adds, the same on both backends (native
 `servicer.DisaggServicer`, vLLM `vllm_backend/handoff.VllmDisaggServicer`): the decode replica a
 StreamPrompt call names in its metadata (`wire.DECODE_TARGET_KEY`), which calls are handed off
-there (`_open`), one channel per decode replica, and the transfers this replica decodes counted as
-its load in `GetStats`.
+there (`_open`), one channel per decode replica, and in `GetStats` this replica's role and the
+transfers it decodes counted as its load.
 
 A mixin, listed before the backend's servicer class, which writes `_hand_off`. Neither the native
 engine nor vllm is imported here.
@@ -62,6 +62,7 @@ class DecodeTargets:
 
     async def GetStats(self, request, context):
         response = await super().GetStats(request, context)
+        response.stats.role = self.role    # for the orchestrator's pairing (orchestrator/pairing.py)
         if self.receiver is not None:      # a decode replica's load is the transfers it decodes
             response.stats.num_active += self.receiver.active
         return response

@@ -173,8 +173,8 @@ class HandOffRequest(PrefillHandOff, VllmRequest):
 
 
 class VllmDisaggServicer(DecodeTargets, VllmServicer):
-    """`VllmServicer` that hands off a StreamPrompt call naming a decode replica, and reports its role
-    (`role`, `receiver`, `channel_factory`: `DecodeTargets`)."""
+    """`VllmServicer` that hands off a StreamPrompt call naming a decode replica (`role`, `receiver`,
+    `channel_factory`: `DecodeTargets`)."""
 
     def __init__(self, *args, layout: KvLayout, spool: KvSpool, **kwargs) -> None:
         super().__init__(*args, **kwargs)
@@ -193,8 +193,3 @@ class VllmDisaggServicer(DecodeTargets, VllmServicer):
             raise
         self._requests[request_id] = request
         self.stats.request_received()
-
-    def _engine_stats(self):
-        stats = super()._engine_stats()
-        stats.role = self.role
-        return stats
