@@ -77,21 +77,24 @@ def add_args(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     if args.backend is None:
-        return run_stages(args)
-    backends = [name.strip() for name in args.backend.split(",") if name.strip()]
-    unknown = sorted(set(backends) - set(BACKENDS))
-    if not backends or unknown:
-        print(f"error: --backend takes {', '.join(BACKENDS)} (comma-separated), got {args.backend!r}", file=sys.stderr)
-        return 1
-    if args.runs < 1 or args.queries < 1:
-        print("error: --runs and --queries must be at least 1", file=sys.stderr)
-        return 1
+        measure, table = stage_bench, format_table
+    else:
+        backends = [name.strip() for name in args.backend.split(",") if name.strip()]
+        unknown = sorted(set(backends) - set(BACKENDS))
+        if not backends or unknown:
+            print(f"error: --backend takes {', '.join(BACKENDS)} (comma-separated), got {args.backend!r}",
+                  file=sys.stderr)
+            return 1
+        if args.runs < 1 or args.queries < 1:
+            print("error: --runs and --queries must be at least 1", file=sys.stderr)
+            return 1
+        measure, table = (lambda args: compare(args, backends)), format_rows
     try:
-        result = compare(args, backends)
+        result = measure(args)
     except (ValueError, FileNotFoundError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
-    print(format_rows(result))
+    print(table(result))
     if args.json:
         write_json(args.json, result)
         print(f"wrote {args.json}")
@@ -198,25 +201,16 @@ def format_table(result: dict) -> str:
     return "\n".join(lines)
 
 
-def run_stages(args: argparse.Namespace) -> int:
+def stage_bench(args: argparse.Namespace) -> dict:
     """The stage bench of one index (no `--backend`)."""
     from retriever_svc.anns.backend import DEFAULT_BEAM_WIDTH, DEFAULT_SCHEDULE, parse_beam_width, parse_schedule
     from retriever_svc.anns.index import AnnsIndex
     from retriever_svc.corpus.index import default_index_dir
 
-    try:
-        schedule = parse_schedule(args.l_schedule) if args.l_schedule else DEFAULT_SCHEDULE
-        width = parse_beam_width(args.beam_width) if args.beam_width is not None else DEFAULT_BEAM_WIDTH
-        index = AnnsIndex(args.index or default_index_dir())
-        result = run_bench(index, schedule, width, k=args.k, queries=args.queries, seed=args.seed)
-    except (ValueError, FileNotFoundError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
-    print(format_table(result))
-    if args.json:
-        write_json(args.json, result)
-        print(f"wrote {args.json}")
-    return 0
+    schedule = parse_schedule(args.l_schedule) if args.l_schedule else DEFAULT_SCHEDULE
+    width = parse_beam_width(args.beam_width) if args.beam_width is not None else DEFAULT_BEAM_WIDTH
+    index = AnnsIndex(args.index or default_index_dir())
+    return run_bench(index, schedule, width, k=args.k, queries=args.queries, seed=args.seed)
 
 
 # ---------------------------------------------------------------- measuring one backend
