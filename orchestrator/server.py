@@ -1,4 +1,4 @@
-"""`streamrag serve orchestrator`: the Orchestrator service (Ask, GetRequest) and Sessions."""
+"""`streamrag serve orchestrator`: the Orchestrator service (Ask, GetRequest, ListRequests) and Sessions."""
 
 from __future__ import annotations
 

@@ -1,9 +1,11 @@
-"""The `Orchestrator` gRPC servicer: Ask (the pipeline in ask.py) and GetRequest (from Redis)."""
+"""The `Orchestrator` gRPC servicer: Ask (the pipeline in ask.py), and GetRequest and ListRequests
+(the lifecycle store's records, read from Redis: clients such as `streamrag requests` open no Redis)."""
 
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable
+from typing import TypeVar
 
 import grpc
 
@@ -15,6 +17,17 @@ from orchestrator.router import NoReplicaAvailable
 from protos import inference_pb2, orchestrator_pb2, orchestrator_pb2_grpc
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+LIST_LIMIT_DEFAULT = 20      # ListRequests with limit 0
+
+
+def list_limit(requested: int, most: int) -> int:
+    """How many records a ListRequests returns: `requested`, or the default for 0; a ValueError (the
+    message for the caller) outside 0..`most` (the store's index of recent requests holds no more)."""
+    if not 0 <= requested <= most:
+        raise ValueError(f"limit must be between 0 and {most} (0: {LIST_LIMIT_DEFAULT}), got {requested}")
+    return requested or LIST_LIMIT_DEFAULT
 
 
 class OrchestratorServicer(orchestrator_pb2_grpc.OrchestratorServicer):
@@ -68,10 +81,23 @@ class OrchestratorServicer(orchestrator_pb2_grpc.OrchestratorServicer):
     async def GetRequest(self, request, context) -> orchestrator_pb2.GetRequestResponse:
         if not request.request_id:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "request_id must not be empty")
-        try:
-            stored = await self.store.get(request.request_id)
-        except StoreUnavailable as exc:
-            await context.abort(grpc.StatusCode.UNAVAILABLE, f"the lifecycle store is unavailable: {exc}")
+        stored = await self._read(context, self.store.get(request.request_id))
         if stored is None:
             await context.abort(grpc.StatusCode.NOT_FOUND, f"no request {request.request_id!r}")
         return orchestrator_pb2.GetRequestResponse(record=to_proto(stored))
+
+    async def ListRequests(self, request, context) -> orchestrator_pb2.ListRequestsResponse:
+        try:
+            limit = list_limit(request.limit, self.store.recent_max)
+        except ValueError as exc:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        stored = await self._read(context, self.store.recent(limit))
+        return orchestrator_pb2.ListRequestsResponse(records=[to_proto(r) for r in stored])
+
+    @staticmethod
+    async def _read(context, reading: Awaitable[T]) -> T:
+        """What the store read; the call ends UNAVAILABLE when Redis cannot be reached."""
+        try:
+            return await reading
+        except StoreUnavailable as exc:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, f"the lifecycle store is unavailable: {exc}")

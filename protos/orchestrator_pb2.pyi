@@ -188,6 +188,18 @@ class GetRequestResponse(_message.Message):
     record: RequestRecord
     def __init__(self, record: _Optional[_Union[RequestRecord, _Mapping]] = ...) -> None: ...
 
+class ListRequestsRequest(_message.Message):
+    __slots__ = ("limit",)
+    LIMIT_FIELD_NUMBER: _ClassVar[int]
+    limit: int
+    def __init__(self, limit: _Optional[int] = ...) -> None: ...
+
+class ListRequestsResponse(_message.Message):
+    __slots__ = ("records",)
+    RECORDS_FIELD_NUMBER: _ClassVar[int]
+    records: _containers.RepeatedCompositeFieldContainer[RequestRecord]
+    def __init__(self, records: _Optional[_Iterable[_Union[RequestRecord, _Mapping]]] = ...) -> None: ...
+
 class RequestRecord(_message.Message):
     __slots__ = ("request_id", "question", "state", "replica", "retriever", "streamed", "created_unix_ms", "updated_unix_ms", "stats", "events", "answer", "ttft_from_question_s", "ttft_from_retrieval_end_s", "error")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]

@@ -46,6 +46,11 @@ class OrchestratorStub:
                 request_serializer=protos_dot_orchestrator__pb2.GetRequestRequest.SerializeToString,
                 response_deserializer=protos_dot_orchestrator__pb2.GetRequestResponse.FromString,
                 _registered_method=True)
+        self.ListRequests = channel.unary_unary(
+                '/streamrag.v1.Orchestrator/ListRequests',
+                request_serializer=protos_dot_orchestrator__pb2.ListRequestsRequest.SerializeToString,
+                response_deserializer=protos_dot_orchestrator__pb2.ListRequestsResponse.FromString,
+                _registered_method=True)
 
 
 class OrchestratorServicer:
@@ -69,6 +74,14 @@ class OrchestratorServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ListRequests(self, request, context):
+        """The most recent requests, newest first, without their events
+        (INVALID_ARGUMENT for a limit out of range).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_OrchestratorServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -81,6 +94,11 @@ def add_OrchestratorServicer_to_server(servicer, server):
                     servicer.GetRequest,
                     request_deserializer=protos_dot_orchestrator__pb2.GetRequestRequest.FromString,
                     response_serializer=protos_dot_orchestrator__pb2.GetRequestResponse.SerializeToString,
+            ),
+            'ListRequests': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListRequests,
+                    request_deserializer=protos_dot_orchestrator__pb2.ListRequestsRequest.FromString,
+                    response_serializer=protos_dot_orchestrator__pb2.ListRequestsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -139,6 +157,33 @@ class Orchestrator:
             '/streamrag.v1.Orchestrator/GetRequest',
             protos_dot_orchestrator__pb2.GetRequestRequest.SerializeToString,
             protos_dot_orchestrator__pb2.GetRequestResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListRequests(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/streamrag.v1.Orchestrator/ListRequests',
+            protos_dot_orchestrator__pb2.ListRequestsRequest.SerializeToString,
+            protos_dot_orchestrator__pb2.ListRequestsResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -1,9 +1,10 @@
-"""`streamrag ask` and `streamrag requests`: the user's side of the Orchestrator API.
+"""`streamrag ask`: a question to the Orchestrator API, its answer as it streams.
 
 `ask` prints the answer as it streams, with a live status line on stderr (retrieval chunks,
 engine lifecycle), then the sources (each page once, however many of its passages were in the
-prompt) and both latencies; `--json` prints one JSON object. Without `--orchestrator` both
-commands talk to the local stack `streamrag up` started, else to 127.0.0.1:50051.
+prompt) and both latencies; `--json` prints one JSON object. Without `--orchestrator` it talks to
+every orchestrator of the local stack `streamrag up` started, else to 127.0.0.1:50051 (where it
+finds them: `streamrag.stack.addresses`; a request's recorded lifecycle: `streamrag requests`).
 """
 
 from __future__ import annotations
@@ -25,11 +26,10 @@ from inference_svc.engine.options import (
 )
 from protos import common_pb2, orchestrator_pb2, orchestrator_pb2_grpc
 from servicekit.ask_resume import ResumableAsk
-from servicekit.auth import client_key, keyed_channel
+from servicekit.auth import client_key
 from servicekit.channels import open_channel, spread_options, spread_target
 from servicekit.tls import client_tls
-
-DEFAULT_ORCHESTRATOR = "127.0.0.1:50051"
+from streamrag.stack.addresses import DEFAULT_ORCHESTRATOR, orchestrator_address
 
 CHOICES = {"anns": orchestrator_pb2.RETRIEVER_CHOICE_ANNS, "crawler": orchestrator_pb2.RETRIEVER_CHOICE_CRAWLER,
            "both": orchestrator_pb2.RETRIEVER_CHOICE_BOTH, "none": orchestrator_pb2.RETRIEVER_CHOICE_NONE,
@@ -62,15 +62,6 @@ def add_ask_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--timeout", type=float, default=600.0)
 
 
-def add_requests_args(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("request_id", nargs="?", help="show one request's lifecycle (default: list recent ones)")
-    parser.add_argument("--orchestrator", default=None,
-                        help=f"host:port (default: the local stack's, else {DEFAULT_ORCHESTRATOR})")
-    parser.add_argument("--redis", default=None,
-                        help="Redis URL for listing recent requests (default: the local stack's, else :6379)")
-    parser.add_argument("--limit", type=int, default=20)
-
-
 def unique_sources(sources) -> list[tuple[common_pb2.Document, int]]:
     """Each page once, in order of first appearance, with how many of its passages were used.
 
@@ -87,36 +78,6 @@ def unique_sources(sources) -> list[tuple[common_pb2.Document, int]]:
 def source_line(source: common_pb2.Document, passages: int) -> str:
     more = f" ({passages} passages)" if passages > 1 else ""
     return f"  - {source.title or source.id}  {source.url}{more}"
-
-
-def stack_service_target(name: str) -> str | None:
-    """The address of a service of the stack `streamrag up` started, if one is recorded."""
-    from streamrag.stack.state import read_stack
-
-    recorded = read_stack()
-    if recorded is None:
-        return None
-    return next((s.target for s in recorded[1] if s.name == name), None)
-
-
-def stack_orchestrators() -> str | None:
-    """Every orchestrator of the stack `streamrag up` started ("a:port,b:port"), if one is recorded."""
-    from streamrag.stack.state import read_stack
-
-    recorded = read_stack()
-    targets = [s.target for s in recorded[1] if s.kind == "orchestrator"] if recorded is not None else []
-    return ",".join(targets) or None
-
-
-def orchestrator_address(given: str | None) -> str:
-    """Where the commands ask: `given` (one address, or several comma-separated), else every orchestrator
-    of the local stack, else the default. Dial it with `orchestrator_channel` (or `spread_target`)."""
-    return given or stack_orchestrators() or DEFAULT_ORCHESTRATOR
-
-
-def orchestrator_channel(address: str) -> grpc.Channel:
-    """A (sync) channel over every orchestrator in `address`, round_robin with health checking."""
-    return keyed_channel(spread_target(address), spread_options(wait_for_ready=False))
 
 
 class StatusLine:
@@ -221,46 +182,4 @@ def run_ask(args: argparse.Namespace) -> int:
         print(f"kv reuse blend (approximate, not exact): {s.blend_reused_tokens} prompt tokens reused from "
               f"{s.chunk_cache_hits} of {s.chunk_cache_lookups} cached passages, {s.blend_recomputed_tokens} of "
               f"them recomputed")
-    return 0
-
-
-def run_requests(args: argparse.Namespace) -> int:
-    if args.request_id:
-        try:
-            with orchestrator_channel(orchestrator_address(args.orchestrator)) as channel:
-                record = orchestrator_pb2_grpc.OrchestratorStub(channel).GetRequest(
-                    orchestrator_pb2.GetRequestRequest(request_id=args.request_id), timeout=30).record
-        except grpc.RpcError as exc:
-            print(f"error: {exc.code().name}: {exc.details()}", file=sys.stderr)
-            return 1
-        print(f"{record.request_id}  {orchestrator_pb2.RequestState.Name(record.state)}  replica {record.replica}")
-        print(f"question: {record.question}")
-        first = record.events[0].unix_ms if record.events else 0
-        for event in record.events:
-            fields = " ".join(f"{k}={v}" for k, v in sorted(event.fields.items()))
-            print(f"  +{(event.unix_ms - first) / 1000:8.3f}s  {event.kind:22s} {fields}")
-        if record.answer:
-            print(f"answer: {record.answer}")
-        return 0
-    import asyncio
-
-    from orchestrator.lifecycle_store import LifecycleStore, StoreUnavailable
-
-    redis_url = args.redis or stack_service_target("redis") or "redis://127.0.0.1:6379/0"
-
-    async def recent():
-        store = LifecycleStore(redis_url)
-        await store.start()
-        try:
-            return await store.recent(args.limit)
-        finally:
-            await store.close()
-
-    try:
-        rows = asyncio.run(recent())
-    except StoreUnavailable as exc:
-        print(f"error: Redis at {redis_url} is unavailable: {exc}", file=sys.stderr)
-        return 1
-    for row in rows:
-        print(f"{row.request_id}  {row.state:10s} {row.question[:70]}")
     return 0

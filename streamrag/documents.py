@@ -52,7 +52,7 @@ def add_index_remove_args(parser: argparse.ArgumentParser) -> None:
 def _stub(args: argparse.Namespace):
     from protos import retriever_pb2_grpc
     from servicekit.auth import keyed_channel
-    from streamrag.ask import stack_service_target
+    from streamrag.stack.addresses import stack_service_target
 
     address = args.anns or stack_service_target("anns") or DEFAULT_ANNS
     # presents the client's key (STREAMRAG_API_KEY / the stack's key file): a retriever with keys wants one

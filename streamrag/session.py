@@ -22,7 +22,12 @@ from collections.abc import Iterator
 import grpc
 
 from protos import common_pb2, retriever_pb2, retriever_pb2_grpc, sessions_pb2, sessions_pb2_grpc
-from streamrag.ask import DEFAULT_ORCHESTRATOR, orchestrator_address, orchestrator_channel, stack_service_target
+from streamrag.stack.addresses import (
+    DEFAULT_ORCHESTRATOR,
+    orchestrator_address,
+    orchestrator_channel,
+    stack_service_target,
+)
 
 RETRIEVERS = ("crawler", "anns", "replay")
 
