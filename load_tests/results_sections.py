@@ -338,20 +338,39 @@ def chaos(s: dict[str, Node]) -> list[str]:
     def cell(value: Node, spec: str = ".1f") -> str:
         return "-" if value.value is None else format(value.number(), spec)
 
+    def wait(value: Node) -> str:
+        return "-" if value.value is None else f"{value['median'].number():.1f} ({value['max'].number():.1f})"
+
     rows = [f"{f['action']} {f['target']} | {cell(f['down_s'])} | {f['in_flight_at_signal']} | {f['failed']} | "
-            f"{f['hung']} | {f['failed_after_healthy']} | {cell(f['users_recovery_s'])} | {cell(f['recovery_s'])} | "
-            f"{f['lost_events']}"
+            f"{f['hung']} | {f['failed_after_healthy']} | {f['failed_10s_after']} | {cell(f['users_recovery_s'])} | "
+            f"{cell(f['recovery_s'])} | {f['lost_events']}"
             for f in run["faults"]]
+    resumes = [f"{f['action']} {f['target']} | {f['crossed']} | {f['crossed_equal']} | {f['crossed_not_comparable']} | "
+               f"{f['out_of_order']} | {f['reissues']} | {wait(f['reissue_to_token_s'])} | {f['continued']} | "
+               f"{wait(f['continued_first_token_s'])} | {f['tokens_recomputed']}"
+               for f in run["faults"]]
     t, answers = run["totals"], run["answers"]
     return [
         "### Faults under load", "",
         f"{st['users']} users ask with the ANNS retriever, the crawler and both, streamed and not, while a session "
         f"ingests; every {st['fault_every_s']:g} s one service is killed (SIGKILL) or frozen for {st['stop_s']:g} s "
-        "(SIGSTOP), in turn: an inference replica, each retriever, the orchestrator, Redis; the stack's supervisor "
-        f"restarts what dies. The stack: {st['replicas']} replicas, {st['dtype']}, the Python tutorial corpus.", "",
+        "(SIGSTOP), in turn: an inference replica, each retriever, one of the orchestrators, Redis; the stack's "
+        f"supervisor restarts what dies. The stack: {st['orchestrators']} orchestrators over one Redis, "
+        f"{st['replicas']} replicas, {st['dtype']}, the Python tutorial corpus. The users ask as `streamrag ask` "
+        "does: over every orchestrator, and an Ask whose orchestrator dies is re-issued to another, which continues "
+        "it from the tokens the user has.", "",
         *block(c, cells="one value per fault"),
         *table(["fault", "back after s", "asks in flight", "failed", "hung", "failed once healthy",
-                "a user's first success after it s", "the probe's first success s", "lost events"], rows),
+                "failed, started 10 s+ after it", "a user's first success after it s", "the probe's first success s",
+                "lost events"], rows),
+        "What the faults did to the answers in flight and what resuming them cost: answers the fault crossed (in "
+        "flight at its signal, or re-issued because of it), how many equal the fault-free pass's, how many had "
+        "other documents (a retriever was down), how many had a token repeated or lost; the users' re-issues "
+        "(their stream broke) and the time from a re-issue to the next new token; the answers continued after a "
+        "break (the store's records), the time from the break to the continuation's first token and the prompt "
+        "tokens computed again for them (median (max)).", "",
+        *table(["fault", "answers crossed", "equal", "other documents", "token repeated or lost", "re-issues",
+                "re-issue to next token s", "continued", "break to first token s", "tokens recomputed"], resumes),
         f"{t['answered']} of {t['asks']} asks answered ({t['success_rate'].number():.1%}); failures outside every "
         f"fault window: {t['failures_outside_windows']}; KV blocks leaked after the drain: {t['leaked_blocks']}; "
         f"answers equal to the fault-free pass: {answers['compared'].number() - answers['differ'].number():.0f} of "
