@@ -341,14 +341,15 @@ def chaos(s: dict[str, Node]) -> list[str]:
     def wait(value: Node) -> str:
         return "-" if value.value is None else f"{value['median'].number():.1f} ({value['max'].number():.1f})"
 
+    faults = run["faults"]
     rows = [f"{f['action']} {f['target']} | {cell(f['down_s'])} | {f['in_flight_at_signal']} | {f['failed']} | "
-            f"{f['hung']} | {f['failed_after_healthy']} | {f['failed_10s_after']} | {cell(f['users_recovery_s'])} | "
-            f"{cell(f['recovery_s'])} | {f['lost_events']}"
-            for f in run["faults"]]
-    resumes = [f"{f['action']} {f['target']} | {f['crossed']} | {f['crossed_equal']} | {f['crossed_not_comparable']} | "
-               f"{f['out_of_order']} | {f['reissues']} | {wait(f['reissue_to_token_s'])} | {f['continued']} | "
-               f"{wait(f['continued_first_token_s'])} | {f['tokens_recomputed']}"
-               for f in run["faults"]]
+            f"{cell(f['users_recovery_s'])} | {cell(f['recovery_s'])} | {f['crossed']} ({f['crossed_equal']} / "
+            f"{f['crossed_not_comparable']}) | {f['reissues']} ({wait(f['reissue_to_token_s'])}) | "
+            f"{f['continued']} ({wait(f['continued_first_token_s'])}) | {f['tokens_recomputed']}" for f in faults]
+    zero = {name: sum(f[key].number() for f in faults) for name, key in (
+        ("hung", "hung"), ("failed once the service was healthy again", "failed_after_healthy"),
+        ("failed among asks started 10 s or more after a fault", "failed_10s_after"),
+        ("lifecycle events lost", "lost_events"), ("answers with a token repeated or lost", "out_of_order"))}
     t, answers = run["totals"], run["answers"]
     return [
         "### Faults under load", "",
@@ -360,22 +361,18 @@ def chaos(s: dict[str, Node]) -> list[str]:
         "does: over every orchestrator, and an Ask whose orchestrator dies is re-issued to another, which continues "
         "it from the tokens the user has.", "",
         *block(c, cells="one value per fault"),
-        *table(["fault", "back after s", "asks in flight", "failed", "hung", "failed once healthy",
-                "failed, started 10 s+ after it", "a user's first success after it s", "the probe's first success s",
-                "lost events"], rows),
-        "What the faults did to the answers in flight and what resuming them cost: answers the fault crossed (in "
-        "flight at its signal, or re-issued because of it), how many equal the fault-free pass's, how many had "
-        "other documents (a retriever was down), how many had a token repeated or lost; the users' re-issues "
-        "(their stream broke) and the time from a re-issue to the next new token; the answers continued after a "
-        "break (the store's records), the time from the break to the continuation's first token and the prompt "
-        "tokens computed again for them (median (max)).", "",
-        *table(["fault", "answers crossed", "equal", "other documents", "token repeated or lost", "re-issues",
-                "re-issue to next token s", "continued", "break to first token s", "tokens recomputed"], resumes),
+        "Per fault: the answers it crossed (in flight, or re-issued because of it; equal to the fault-free pass / "
+        "other documents, a retriever being down); the users' re-issues (their stream broke; re-issue to the next "
+        "new token, s, median (max)); answers the orchestrator continued after a break (break to the first token) "
+        "and the prompt tokens computed again for them.", "",
+        *table(["fault", "back after s", "in flight", "failed", "a user's first success s", "the probe's first "
+                "success s", "answers crossed", "re-issues", "continued", "tokens recomputed"], rows),
         f"{t['answered']} of {t['asks']} asks answered ({t['success_rate'].number():.1%}); failures outside every "
         f"fault window: {t['failures_outside_windows']}; KV blocks leaked after the drain: {t['leaked_blocks']}; "
         f"answers equal to the fault-free pass: {answers['compared'].number() - answers['differ'].number():.0f} of "
         f"{answers['compared']} compared ({answers['not_comparable']} not comparable: a retriever was down, so the "
-        "context differed).", "",
+        "context differed); over all faults, "
+        + "; ".join(f"{name}: {value:.0f}" for name, value in zero.items()) + ".", "",
         *targets(s["chaos"]),
     ]
 
