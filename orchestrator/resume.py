@@ -1,7 +1,7 @@
 """Continuing an answer that broke: the prompt plus the tokens already delivered.
 
-The rule is the disaggregated fall-back's (`inference_svc/kv_transfer`, `disagg/sender.py`'s
-`fall_back`, `vllm_backend/handoff.py`'s `_resume`): a new inference request whose prompt is the
+The rule is the disaggregated fall-back's (`inference_svc/kv_transfer/handoff.py`,
+`PrefillHandOff._decode_here`): a new inference request whose prompt is the
 original prompt followed by the tokens the caller already has, with `max_tokens` less those
 tokens, decodes the rest. Greedy, it adds the very tokens the broken request would have added,
 so the caller sees one answer, no token repeated or lost. The orchestrator uses it twice:
