@@ -3,57 +3,22 @@ the answer equals one colocated replica's, and the hand-off is in the lifecycle 
 
 from __future__ import annotations
 
-import asyncio
-import threading
 import time
 
-import grpc
 import pytest
 
-from orchestrator.server import OrchestratorService
-from protos import orchestrator_pb2, orchestrator_pb2_grpc
-from servicekit.config import ServiceConfig
-from tests.disagg.conftest import RunningReplica
-from tests.support.redis_server import PrivateRedis
+from protos import orchestrator_pb2
+from tests.support.stack import replicas_behind_an_orchestrator
 
 NONE = orchestrator_pb2.RETRIEVER_CHOICE_NONE
 
 
 @pytest.fixture
 def pair_stack(embedded_model_dir, tmp_path):
-    redis = PrivateRedis(tmp_path)
-    replicas: list[RunningReplica] = []
-    loop = asyncio.new_event_loop()
-    thread = threading.Thread(target=loop.run_forever, daemon=True)
-    thread.start()
-    service = channel = None
-
-    def run(coro):
-        return asyncio.run_coroutine_threadsafe(coro, loop).result(120)
-
-    async def start():
-        orchestrator = OrchestratorService(ServiceConfig("orchestrator", port=0, metrics_port=None, grace_s=0),
-                                           redis_url=redis.url, inference=[r.address for r in replicas],
-                                           retrievers={}, router_refresh_s=0.2)
-        return orchestrator, await orchestrator.start(handle_signals=False)
-
-    try:
-        replicas.extend(RunningReplica(embedded_model_dir, role=role, kv_device_blocks=128, token_budget=256)
-                        for role in ("decode", "prefill"))      # the decode replica first: pairing must skip it
-        service, port = run(start())
-        channel = grpc.insecure_channel(f"127.0.0.1:{port}")
-        yield orchestrator_pb2_grpc.OrchestratorStub(channel), service, replicas
-    finally:
-        if channel is not None:
-            channel.close()
-        if service is not None:
-            run(service.stop(0))
-        loop.call_soon_threadsafe(loop.stop)
-        thread.join(30)
-        for replica in replicas:
-            if replica.thread.is_alive():
-                replica.stop()
-        redis.stop()
+    # the decode replica first: pairing must skip it
+    with replicas_behind_an_orchestrator(embedded_model_dir, tmp_path, ("decode", "prefill"),
+                                         router_refresh_s=0.2) as running:
+        yield running.stub, running.orchestrator.service, running.replicas
 
 
 def ask(stub, request_id, no_stream=False):

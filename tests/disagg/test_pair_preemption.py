@@ -9,9 +9,9 @@ from __future__ import annotations
 import pytest
 
 from protos.metadata import DECODE_TARGET_KEY
-from tests.disagg.conftest import RunningReplica
 from tests.disagg.test_transfer import DOCS, HEAD, SUFFIX, check_pool, generate
-from tests.service.inference_harness import held_until_all_prefilled
+from tests.support.inference import RunningInference
+from tests.support.inference_calls import held_until_all_prefilled
 
 POOL = dict(kv_device_blocks=14, kv_cpu_blocks=64, token_budget=32, policy="lcas", enable_prefix_cache=False,
             max_streams=16)
@@ -20,8 +20,8 @@ REQUESTS = 3          # 3 contexts take about 18 of a side's 14 blocks
 
 @pytest.fixture(scope="module", params=["recompute", "swap"])
 def small_pair(request, embedded_model_dir):
-    prefill = RunningReplica(embedded_model_dir, role="prefill", eviction=request.param, **POOL)
-    decode = RunningReplica(embedded_model_dir, role="decode", eviction=request.param, **POOL)
+    prefill = RunningInference(embedded_model_dir, role="prefill", eviction=request.param, **POOL)
+    decode = RunningInference(embedded_model_dir, role="decode", eviction=request.param, **POOL)
     yield prefill, decode
     prefill.stop()
     decode.stop()

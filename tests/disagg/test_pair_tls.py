@@ -4,32 +4,25 @@ handed off over TLS, not fallen back from a refused plaintext call."""
 
 from __future__ import annotations
 
-import grpc
 import pytest
 
-from protos import inference_pb2_grpc
 from protos.metadata import DECODE_TARGET_KEY
-from tests.disagg.conftest import RunningReplica
 from tests.disagg.test_transfer import DOCS, HEAD, SUFFIX, generate, kinds
-from tests.gateway.harness import make_certs, tls_files
-from tests.service.inference_harness import append_msg, collect, finish_msg, open_msg, paced
+from tests.support.gateway import make_certs, tls_files
+from tests.support.inference import RunningInference
+from tests.support.inference_calls import append_msg, collect, finish_msg, open_msg, paced
 
 
-class TlsReplica(RunningReplica):
+def tls_replica(model_dir, certs, name: str, **options) -> RunningInference:
     """A replica serving mutual TLS, called by a client presenting the CA-signed `client` certificate."""
-
-    def __init__(self, model_dir, certs, name: str, **options) -> None:
-        super().__init__(model_dir, tls=tls_files(certs, name), **options)
-        self.channel.close()     # the harness's plaintext channel: this replica wants a certificate
-        self.channel = grpc.secure_channel(self.address, tls_files(certs, "client").channel_credentials())
-        self.stub = inference_pb2_grpc.InferenceStub(self.channel)
+    return RunningInference(model_dir, tls=tls_files(certs, name), client_tls=tls_files(certs, "client"), **options)
 
 
 @pytest.fixture(scope="module")
 def tls_pair(embedded_model_dir, tmp_path_factory):
     certs = make_certs(tmp_path_factory.mktemp("certs"))
-    prefill = TlsReplica(embedded_model_dir, certs, "inference-0", role="prefill", kv_device_blocks=256)
-    decode = TlsReplica(embedded_model_dir, certs, "inference-1", role="decode", kv_device_blocks=256)
+    prefill = tls_replica(embedded_model_dir, certs, "inference-0", role="prefill", kv_device_blocks=256)
+    decode = tls_replica(embedded_model_dir, certs, "inference-1", role="decode", kv_device_blocks=256)
     yield prefill, decode
     prefill.stop()
     decode.stop()

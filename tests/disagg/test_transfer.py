@@ -18,16 +18,8 @@ from inference_svc.engine.request import Segment
 from inference_svc.engine.sampler import SamplingParams
 from inference_svc.kv_transfer.wire import DECODE_TARGET_KEY, layout_to_proto
 from protos import common_pb2, inference_pb2, kv_transfer_pb2, kv_transfer_pb2_grpc
-from tests.disagg.conftest import RunningReplica
-from tests.service.inference_harness import (
-    append_msg,
-    collect,
-    finish_msg,
-    open_msg,
-    paced,
-    seg,
-    update_msg,
-)
+from tests.support.inference import RunningInference
+from tests.support.inference_calls import append_msg, collect, finish_msg, open_msg, paced, seg, update_msg
 
 HEAD = [seg("<|im_start|>user\nQuestion: how do I read a file in Python?\nDocuments:\n")]
 DOCS = [
@@ -40,20 +32,21 @@ SUFFIX = [seg("<|im_end|>\n<|im_start|>assistant\n")]
 KIND = "LIFECYCLE_EVENT_KIND_"
 
 
-@pytest.fixture(scope="module")
-def prefill(embedded_model_dir):
-    service = RunningReplica(embedded_model_dir, role="prefill", token_budget=256, max_streams=16, kv_device_blocks=256,
+def _replica(model_dir, role: str):
+    service = RunningInference(model_dir, role=role, token_budget=256, max_streams=16, kv_device_blocks=256,
                                kv_cpu_blocks=64)
     yield service
     service.stop()
+
+
+@pytest.fixture(scope="module")
+def prefill(embedded_model_dir):
+    yield from _replica(embedded_model_dir, "prefill")
 
 
 @pytest.fixture(scope="module")
 def decode(embedded_model_dir):
-    service = RunningReplica(embedded_model_dir, role="decode", token_budget=256, max_streams=16, kv_device_blocks=256,
-                               kv_cpu_blocks=64)
-    yield service
-    service.stop()
+    yield from _replica(embedded_model_dir, "decode")
 
 
 def generate(stub, segments, request_id, max_tokens=24):
@@ -244,7 +237,7 @@ def test_bad_transfers_get_their_status(decode):
 
 
 def test_decode_replica_killed_mid_stream_falls_back_with_the_same_answer(prefill, embedded_model_dir):
-    doomed = RunningReplica(embedded_model_dir, token_budget=256, max_streams=16, kv_device_blocks=256,
+    doomed = RunningInference(embedded_model_dir, token_budget=256, max_streams=16, kv_device_blocks=256,
                               kv_cpu_blocks=64)
     try:
         want = generate(prefill.stub, HEAD + DOCS + SUFFIX, "reference-fallback")
@@ -286,7 +279,7 @@ def test_decode_replica_killed_mid_stream_falls_back_with_the_same_answer(prefil
 
 
 def test_decode_replica_killed_after_the_hand_off_falls_back_with_the_same_answer(prefill, embedded_model_dir):
-    doomed = RunningReplica(embedded_model_dir, token_budget=256, max_streams=16, kv_device_blocks=256,
+    doomed = RunningInference(embedded_model_dir, token_budget=256, max_streams=16, kv_device_blocks=256,
                               kv_cpu_blocks=64)
     try:
         want = generate(prefill.stub, HEAD + DOCS + SUFFIX, "reference-late", max_tokens=32)

@@ -11,8 +11,8 @@ import grpc
 import pytest
 
 from protos import orchestrator_pb2
-from tests.e2e.stack_harness import ask
 from tests.support.redis_server import PrivateRedis
+from tests.support.stack import ask
 
 ANNS = orchestrator_pb2.RETRIEVER_CHOICE_ANNS
 CRAWLER = orchestrator_pb2.RETRIEVER_CHOICE_CRAWLER
@@ -139,7 +139,7 @@ def test_cancelled_ask_frees_the_replicas_blocks(stack):
 
 
 def test_metrics_count_answers_and_ttfts_by_mode(stack):
-    registry = stack.orchestrator.metrics.registry
+    registry = stack.orchestrator.service.metrics.registry
     before = registry.get_sample_value("streamrag_asks_total", {"mode": "baseline", "outcome": "answered"}) or 0
     ask(stack.stub, QUESTION, ANNS, no_stream=True)
     assert registry.get_sample_value("streamrag_asks_total", {"mode": "baseline", "outcome": "answered"}) == before + 1

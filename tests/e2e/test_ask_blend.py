@@ -11,7 +11,7 @@ import pytest
 
 from protos import common_pb2
 from streamrag.cli import main
-from tests.e2e.stack_harness import ask as harness_ask
+from tests.support.stack import ask as harness_ask
 
 QUESTION = "How do I close a file with the with statement?"
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from orchestrator.documents import RELEVANCE_MARGIN, page_of
 from protos import common_pb2, orchestrator_pb2
-from tests.e2e.stack_harness import ask
+from tests.support.stack import ask
 
 BOTH = orchestrator_pb2.RETRIEVER_CHOICE_BOTH
 QUESTION = "use the with statement to close a file and flush buffered writes"

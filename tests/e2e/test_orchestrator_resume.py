@@ -26,15 +26,14 @@ from orchestrator.lifecycle_store import request_key
 from orchestrator.resume import PROMPT_FIELD
 from protos import inference_pb2, orchestrator_pb2
 from retriever_svc.replay import ReplayBackend
-from retriever_svc.server import build_runner
 from retriever_svc.trace import Trace, TraceChunk, TraceDocument, TraceQuery
-from servicekit.config import ServiceConfig
 from streamrag.ask import StatusLine, stream_answer
-from tests.gateway.harness import RunningGateway
-from tests.service.inference_harness import RunningInference
+from tests.support.gateway import RunningGateway
+from tests.support.inference import RunningInference
 from tests.support.inference_gate import InferenceGate
-from tests.support.orchestrator_process import OrchestratorProcess
+from tests.support.orchestrator import OrchestratorProcess
 from tests.support.redis_server import PrivateRedis
+from tests.support.retrievers import RunningRetriever
 
 QUESTION = "How do I read a text file in Python?"
 MAX_TOKENS = 24
@@ -56,7 +55,7 @@ class World:
         self.parts: list = []
         self.redis = PrivateRedis(root)
         self.parts.append(self.redis)
-        self.retriever = _Retriever()
+        self.retriever = RunningRetriever(ReplayBackend(TRACE, name="files"), "replay")
         self.parts.append(self.retriever)
         self.replicas = [RunningInference(model_dir, kv_device_blocks=128, token_budget=256) for _ in range(2)]
         self.parts.extend(self.replicas)
@@ -69,27 +68,7 @@ class World:
 
     def stop(self) -> None:
         for part in reversed(self.parts):
-            if getattr(part, "thread", None) is None or part.thread.is_alive():   # a replica a test stopped
-                part.stop()
-
-
-class _Retriever:
-    def __init__(self) -> None:
-        self.loop = asyncio.new_event_loop()
-        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
-        self.thread.start()
-        port = asyncio.run_coroutine_threadsafe(self._start(), self.loop).result(60)
-        self.address = f"127.0.0.1:{port}"
-
-    async def _start(self) -> int:
-        self.runner, _ = build_runner(ServiceConfig(service="replay", port=0, metrics_port=None, grace_s=0),
-                                      ReplayBackend(TRACE, name="files"))
-        return await self.runner.start(handle_signals=False)
-
-    def stop(self) -> None:
-        asyncio.run_coroutine_threadsafe(self.runner.stop(0), self.loop).result(30)
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join(30)
+            part.stop()            # each runner's stop is a no-op on one a test already stopped
 
 
 @pytest.fixture(scope="module")

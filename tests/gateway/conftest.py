@@ -17,11 +17,9 @@ import openai
 import pytest
 
 from gateway.app import GatewaySettings
-from orchestrator.server import OrchestratorService
 from protos import inference_pb2
-from servicekit.config import ServiceConfig
-from tests.e2e.stack_harness import Stack
-from tests.gateway.harness import RunningGateway, make_certs, tls_files
+from tests.support.gateway import RunningGateway, make_certs, tls_files
+from tests.support.stack import Stack
 
 API_KEY = "sk-streamrag-test-key"
 
@@ -64,23 +62,15 @@ class Secure:
 @pytest.fixture(scope="package")
 def secure(gateway_stack, tmp_path_factory):
     certs = make_certs(tmp_path_factory.mktemp("certs"))
-    stack = gateway_stack
-
-    async def start():
-        service = OrchestratorService(ServiceConfig("orchestrator", port=0, metrics_port=None, grace_s=0),
-                                      redis_url=stack.redis.url, inference=[stack.inference.address],
-                                      retrievers=stack.retriever_addresses, api_keys=(API_KEY,),
-                                      tls=tls_files(certs, "orchestrator", ca=False))  # it dials plaintext
-        return service, await service.start(handle_signals=False)
-
-    service, port = stack._run(start())
+    orchestrator = gateway_stack.orchestrate(api_keys=(API_KEY,), tls=tls_files(certs, "orchestrator", ca=False),
+                                             client_tls=tls_files(certs, "client"))   # it dials plaintext
     running = None
     try:
-        running = RunningGateway(GatewaySettings(orchestrator=f"127.0.0.1:{port}", api_keys=(API_KEY,),
+        running = RunningGateway(GatewaySettings(orchestrator=orchestrator.address, api_keys=(API_KEY,),
                                                  upstream_tls=tls_files(certs, "gateway")),
                                  tls=tls_files(certs, "gateway"))
-        yield Secure(certs, f"127.0.0.1:{port}", running)
+        yield Secure(certs, orchestrator.address, running)
     finally:
         if running is not None:
             running.stop()
-        stack._run(service.stop(0))
+        orchestrator.stop()

@@ -6,7 +6,7 @@ import uuid
 
 from gateway.chat_prompt import chat_segments
 from protos import inference_pb2
-from tests.service.inference_harness import collect
+from tests.support.inference_calls import collect
 
 QUESTION = "What is the capital of France?"
 

@@ -14,21 +14,18 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
-import grpc
 import openai
 import pytest
 
 from gateway.app import GatewaySettings
 from gateway.protocol import RAG_MODEL
-from orchestrator.server import OrchestratorService
-from protos import orchestrator_pb2, orchestrator_pb2_grpc
+from protos import orchestrator_pb2
 from retriever_svc.anns.backend import AnnsBackend
 from retriever_svc.anns.index import AnnsIndex
 from retriever_svc.collections.registry import CollectionRegistry, DefaultCollection
 from retriever_svc.corpus.index import build_index
-from servicekit.config import ServiceConfig
-from tests.e2e.stack_harness import ask
-from tests.gateway.harness import RunningGateway
+from tests.support.gateway import RunningGateway
+from tests.support.stack import ask
 from tests.support.tiny_corpus import build_guide_pages
 
 QUESTION = "How do I read a file?"
@@ -59,30 +56,20 @@ def building(gateway_stack, tmp_path_factory):
                                      on_progress=progress, commit_every=4).out)
 
     default = DefaultCollection()
-    anns = gateway_stack._run(gateway_stack._serve_retriever("anns-building", AnnsBackend(
-        CollectionRegistry(root / "collections", default), schedule=(16, 64), beam_width=4)))
+    anns = gateway_stack.serve_retriever("anns-building", AnnsBackend(
+        CollectionRegistry(root / "collections", default), schedule=(16, 64), beam_width=4))
     thread = default.build_in_background(held_build)
-
-    async def start_orchestrator() -> tuple[OrchestratorService, int]:     # on the stack's loop, as gRPC aio wants
-        service = OrchestratorService(
-            ServiceConfig("orchestrator", port=0, metrics_port=None, grace_s=0), redis_url=gateway_stack.redis.url,
-            inference=[gateway_stack.inference.address],
-            retrievers={"anns": anns, "crawler": gateway_stack.retriever_addresses["crawler"]})
-        return service, await service.start(handle_signals=False)
-
-    orchestrator, port = gateway_stack._run(start_orchestrator())
-    gateway = RunningGateway(GatewaySettings(orchestrator=f"127.0.0.1:{port}"))
-    channel = grpc.insecure_channel(f"127.0.0.1:{port}")
+    orchestrator = gateway_stack.orchestrate({"anns": anns, "crawler": gateway_stack.retriever_addresses["crawler"]})
+    gateway = RunningGateway(GatewaySettings(orchestrator=orchestrator.address))
     while not default.progress.startswith("embed ") or default.progress.startswith("embed 0/"):
         assert thread.is_alive(), default.error
         thread.join(0.05)
     try:
-        yield Building(gateway, orchestrator_pb2_grpc.OrchestratorStub(channel), default, release, thread)
+        yield Building(gateway, orchestrator.stub, default, release, thread)
     finally:
         release.set()
-        channel.close()
         gateway.stop()
-        gateway_stack._run(orchestrator.stop(0))
+        orchestrator.stop()
 
 
 @pytest.fixture

@@ -36,7 +36,7 @@ def _record(stack, request_id: str, state: int = orchestrator_pb2.REQUEST_STATE_
 
 
 def _plain_asks(stack, outcome: str) -> float:
-    registry = stack.orchestrator.metrics.registry
+    registry = stack.orchestrator.service.metrics.registry
     return registry.get_sample_value("streamrag_asks_total", {"mode": "plain", "outcome": outcome}) or 0.0
 
 
@@ -104,11 +104,11 @@ def test_the_records_are_in_redis_itself(client, served_model, gateway_stack):
     response = client.chat.completions.create(model=served_model, max_tokens=3, temperature=0,
                                               messages=[{"role": "user", "content": QUESTION}])
     _record(gateway_stack, response.id)
-    assert gateway_stack._run(gateway_stack.orchestrator.store.flush(30))      # every write reached Redis
+    assert gateway_stack.run(gateway_stack.orchestrator.service.store.flush(30))      # every write reached Redis
 
     async def read():
         async with LifecycleStore(gateway_stack.redis.url) as store:
             return await store.get(response.id)
 
-    stored = gateway_stack._run(read())
+    stored = gateway_stack.run(read())
     assert stored is not None and stored.state == "FINISHED" and stored.retriever == "none"

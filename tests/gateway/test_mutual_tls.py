@@ -6,12 +6,9 @@ and callers without a certificate or without a key refused."""
 
 from __future__ import annotations
 
-import os
-import re
 import ssl
 import subprocess
 import sys
-import threading
 from pathlib import Path
 
 import grpc
@@ -21,52 +18,19 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from gateway.app import GatewaySettings
 from gateway.protocol import RAG_MODEL
-from inference_svc.launch import start_inference_service
 from protos import orchestrator_pb2, orchestrator_pb2_grpc, retriever_pb2, retriever_pb2_grpc
 from servicekit.auth import bearer_metadata
 from servicekit.health import check_health
 from servicekit.tls import TlsFiles
-from tests.gateway.harness import ROOT, RunningGateway, make_certs, tls_files
 from tests.retriever import build_tiny_index
+from tests.support.gateway import RunningGateway, make_certs, tls_files
+from tests.support.inference import InferenceProcess
+from tests.support.orchestrator import OrchestratorProcess
 from tests.support.redis_server import PrivateRedis
+from tests.support.retrievers import RetrieverProcess
 
 KEY = "sk-mtls-test-key"
 QUESTION = "How do I read a file?"
-
-
-class ServiceProcess:
-    """`python -m MODULE ARGS` until it prints the line that names its port."""
-
-    def __init__(self, argv: list[str], ready: str, log: Path, env: dict[str, str], timeout_s: float = 300) -> None:
-        self.log = log
-        self.process = subprocess.Popen([sys.executable, "-m", *argv], cwd=ROOT, stdout=subprocess.PIPE,
-                                        stderr=subprocess.STDOUT, text=True, env={**os.environ, **env})
-        self.lines: list[str] = []
-        found = threading.Event()
-        self.port = None
-
-        def read() -> None:
-            for line in self.process.stdout:
-                self.lines.append(line)
-                if self.port is None and (match := re.search(ready, line)):
-                    self.port = int(match.group(1))
-                    found.set()
-            found.set()
-
-        threading.Thread(target=read, daemon=True).start()
-        if not found.wait(timeout_s) or self.port is None:
-            self.stop()
-            raise RuntimeError(f"{argv[0]} did not start:\n{''.join(self.lines[-30:])}")
-        self.address = f"127.0.0.1:{self.port}"
-
-    def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(30)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(10)
 
 
 def _tls_flags(certs: Path, name: str) -> list[str]:
@@ -82,18 +46,18 @@ def mtls(embedded_model_dir, tmp_path_factory):
     keyed = {"STREAMRAG_API_KEY": KEY}
     started: list = []
     redis = PrivateRedis(root)
+    client = tls_files(certs, "client")
     try:
-        inference = start_inference_service("native", embedded_model_dir, dtype="float32",
-                                            extra_args=["--kv-device-blocks", "512", *_tls_flags(certs, "inference")])
+        inference = InferenceProcess(embedded_model_dir, client_tls=client,
+                                     extra_args=["--kv-device-blocks", "512", *_tls_flags(certs, "inference")])
         started.append(inference)
-        anns = ServiceProcess(["retriever_svc.server", "--kind", "anns", "--index", str(index), "--collections",
-                               str(root / "collections"), "--port", "0", "--metrics-port", "-1",
-                               *_tls_flags(certs, "anns")], r"anns retriever on \S+:(\d+) ", root / "anns.log", keyed)
+        anns = RetrieverProcess("anns", root / "anns.log", "--index", str(index), "--collections",
+                                str(root / "collections"), *_tls_flags(certs, "anns"), env=keyed, tls=client)
         started.append(anns)
-        orchestrator = ServiceProcess(["orchestrator.server", "--port", "0", "--metrics-port", "-1", "--redis",
-                                       redis.url, "--inference", inference.address, "--anns", anns.address,
-                                       *_tls_flags(certs, "orchestrator")], r"orchestrator on \S+:(\d+) ",
-                                      root / "orchestrator.log", keyed)
+        orchestrator = OrchestratorProcess(redis.url, [inference.address], anns=anns.address,
+                                           log_path=root / "orchestrator.log",
+                                           args=tuple(_tls_flags(certs, "orchestrator")),
+                                           env=keyed, tls=client)
         started.append(orchestrator)
         gateway = RunningGateway(GatewaySettings(orchestrator=orchestrator.address, api_keys=(KEY,),
                                                  upstream_tls=tls_files(certs, "gateway")),
@@ -101,7 +65,7 @@ def mtls(embedded_model_dir, tmp_path_factory):
         started.append(gateway)
         yield {"certs": certs, "inference": inference.address, "anns": anns.address,
                "orchestrator": orchestrator.address, "gateway": gateway,
-               "lines": {"anns": anns.lines, "orchestrator": orchestrator.lines}}
+               "logs": {"anns": anns, "orchestrator": orchestrator}}
     finally:
         for part in reversed(started):
             part.stop()
@@ -122,8 +86,9 @@ def _channel(mtls, address: str, *, certificate: bool = True) -> grpc.Channel:
 
 
 def test_the_services_say_they_want_a_key_over_mutual_tls(mtls):
-    for name, lines in mtls["lines"].items():
-        assert any("API key required" in line and "mutual TLS" in line for line in lines), name
+    for name, process in mtls["logs"].items():
+        assert any("API key required" in line and "mutual TLS" in line for line in process.log_text().splitlines()), \
+            name
 
 
 def test_an_answer_through_the_gateway_crosses_every_mutual_tls_hop(mtls):

@@ -12,7 +12,7 @@ from websockets.sync.client import connect
 
 from gateway.chat_prompt import head_segments, suffix_segments, text_segments
 from protos import inference_pb2
-from tests.service.inference_harness import collect
+from tests.support.inference_calls import collect
 
 
 def converse(url: str, events: list[dict], *, gap_s: float = 0.0, headers: dict | None = None) -> list[dict]:

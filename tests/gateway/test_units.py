@@ -104,19 +104,15 @@ async def test_a_channel_with_a_key_presents_it_on_every_kind_of_call():
     streamed Retrieve passes with the key, and is refused with another or none."""
     from protos import retriever_pb2, retriever_pb2_grpc
     from retriever_svc.replay import ReplayBackend
-    from retriever_svc.server import build_runner
     from servicekit.channels import open_channel
-    from servicekit.config import ServiceConfig
-    from tests.e2e.stack_harness import SLOW_TRACE
+    from tests.support.retrievers import serving_retriever
+    from tests.support.stack import SLOW_TRACE
 
-    runner, _ = build_runner(ServiceConfig("replay", port=0, metrics_port=None, grace_s=0),
-                             ReplayBackend(SLOW_TRACE, name="slow"), api_keys=("k1",))
-    port = await runner.start(handle_signals=False)
     request = retriever_pb2.RetrieveRequest(query="how do files work", top_k=2)
-    try:
+    async with serving_retriever(ReplayBackend(SLOW_TRACE, name="slow"), "replay", api_keys=("k1",)) as served:
         refused = grpc.StatusCode.UNAUTHENTICATED
         for key, code in (("k1", None), ("k2", refused), (None, refused)):
-            channel = open_channel(f"127.0.0.1:{port}", api_key=key)
+            channel = open_channel(served.address, api_key=key)
             try:
                 call = retriever_pb2_grpc.RetrieverStub(channel).Retrieve(request, timeout=30)
                 first = await anext(aiter(call))
@@ -126,8 +122,7 @@ async def test_a_channel_with_a_key_presents_it_on_every_kind_of_call():
                 assert exc.code() == code, (key, exc.details())
             finally:
                 await channel.close()
-    finally:
-        await runner.stop(0)
+
 
 def test_the_gateway_has_no_replica_list(capsys):
     from gateway.server_args import add_gateway_args

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.stack_harness import Stack
+from tests.support.stack import Stack
 
 ROOT = Path(__file__).resolve().parents[2]
 LOCUSTFILE = ROOT / "load_tests" / "locustfile.py"

@@ -5,9 +5,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import json
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 from load_tests.relevance_calibration import (
@@ -17,14 +15,10 @@ from load_tests.relevance_calibration import (
     run_bench_relevance,
     threshold_row,
 )
-from protos import retriever_pb2_grpc
 from retriever_svc.corpus.web_server import CorpusServer
-from retriever_svc.crawler import CrawlerBackend, CrawlerSettings
-from retriever_svc.service import RetrieverServicer
-from servicekit.config import ServiceConfig
-from servicekit.server import ServiceRunner
-from tests.retriever.test_crawler import SERVICE
+from retriever_svc.crawler import CrawlerBackend
 from tests.retriever.test_crawler_search import FLUSH_QUERY, flush_site, settings_for
+from tests.support.retrievers import serving_retriever
 
 CRAWLS = [
     [CrawledPage("a.html", 0.9, False), CrawledPage("b.html", 0.3, True), CrawledPage("c.html", 0.1, False)],
@@ -45,18 +39,6 @@ def test_a_page_moves_forward_only_past_a_page_it_beats_by_more_than_the_margin(
     assert margin_row(CRAWLS, 0.0, 5, 0.5)["moved_share"] == 0.0           # e.html beats d.html by 0.45 only
 
 
-@contextlib.asynccontextmanager
-async def crawler_on_a_port(settings: CrawlerSettings) -> AsyncIterator[int]:
-    runner = ServiceRunner(ServiceConfig(service="crawler", port=0, metrics_port=None),
-                           [(retriever_pb2_grpc.add_RetrieverServicer_to_server,
-                             RetrieverServicer(CrawlerBackend(settings)))], [SERVICE])
-    port = await runner.start(handle_signals=False)
-    try:
-        yield port
-    finally:
-        await runner.stop(0)
-
-
 def bench_args(*argv: str) -> argparse.Namespace:
     parser = argparse.ArgumentParser()
     add_bench_relevance_args(parser)
@@ -70,8 +52,8 @@ async def test_the_calibration_crawls_a_real_crawler_and_finds_the_answering_pag
     out = tmp_path / "relevance.json"
     with CorpusServer(flush_site(tmp_path / "site")) as corpus:
         settings = settings_for(corpus, tmp_path, seeds=1, concurrency=1, min_relevance=0.0)
-        async with crawler_on_a_port(settings) as port:
-            args = bench_args("--questions", str(questions), "--crawler", f"127.0.0.1:{port}", "--pages", "10",
+        async with serving_retriever(CrawlerBackend(settings), "crawler") as crawler:
+            args = bench_args("--questions", str(questions), "--crawler", crawler.address, "--pages", "10",
                               "--json", str(out))
             assert await asyncio.to_thread(run_bench_relevance, args) == 0
     result = json.loads(out.read_text())
@@ -84,7 +66,8 @@ async def test_the_calibration_crawls_a_real_crawler_and_finds_the_answering_pag
 async def test_a_crawler_that_drops_pages_is_refused_with_what_to_do(tmp_path: Path, capsys):
     questions = Path(__file__).resolve().parents[2] / "load_tests" / "quality_questions.jsonl"
     with CorpusServer(flush_site(tmp_path / "site")) as corpus:
-        async with crawler_on_a_port(settings_for(corpus, tmp_path)) as port:       # the default threshold
-            args = bench_args("--questions", str(questions), "--crawler", f"127.0.0.1:{port}")
+        settings = settings_for(corpus, tmp_path)       # the default threshold
+        async with serving_retriever(CrawlerBackend(settings), "crawler") as crawler:
+            args = bench_args("--questions", str(questions), "--crawler", crawler.address)
             assert await asyncio.to_thread(run_bench_relevance, args) == 2
     assert "--min-relevance 0" in capsys.readouterr().err

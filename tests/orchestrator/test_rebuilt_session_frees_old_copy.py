@@ -12,7 +12,8 @@ import grpc
 import pytest
 
 from protos import common_pb2, inference_pb2, inference_pb2_grpc, sessions_pb2, sessions_pb2_grpc
-from tests.orchestrator.test_routing_follows_health import Orchestrator, serving, started_replicas, stopper, until
+from tests.orchestrator.test_routing_follows_health import serving, started_replicas, stopper, until
+from tests.support.orchestrator import RunningOrchestrator
 from tests.support.redis_server import PrivateRedis
 
 __all__ = ["stopper"]        # the fixture, used below
@@ -35,7 +36,7 @@ def test_a_session_rebuilt_after_sigstop_is_closed_on_the_old_replica_once_it_re
     redis_server = PrivateRedis(tmp_path)
     stopper.append(redis_server)
     replicas = started_replicas(embedded_model_dir, stopper)
-    orchestrator = Orchestrator(redis_server.url, list(replicas), {})
+    orchestrator = RunningOrchestrator(redis_server.url, list(replicas), {})
     stopper.append(orchestrator)
     sessions = sessions_pb2_grpc.SessionsStub(orchestrator.channel)
 

@@ -13,7 +13,8 @@ import pytest
 
 from orchestrator.router import NoReplicaAvailable, ReplicaRouter
 from protos import common_pb2, inference_pb2, inference_pb2_grpc
-from tests.service.inference_harness import RunningInference, open_msg, seg
+from tests.support.inference import RunningInference
+from tests.support.inference_calls import open_msg, seg
 
 A, B, C = "replica-a:1", "replica-b:1", "replica-c:1"
 KEY = "You answer questions about Python using the documents below."

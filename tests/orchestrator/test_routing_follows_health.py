@@ -6,28 +6,22 @@ this process; no timing asserts (every wait below is a bound, not a measure)."""
 
 from __future__ import annotations
 
-import asyncio
-import os
 import signal
-import subprocess
-import sys
-import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-import grpc
 import pytest
 import redis
 
-from inference_svc.launch import REPO, ServiceHandle, start_inference_service
 from orchestrator.lifecycle_store import REDIS_GAP, events_key, request_key
-from orchestrator.server import OrchestratorService
-from protos import common_pb2, orchestrator_pb2, orchestrator_pb2_grpc
+from protos import common_pb2, orchestrator_pb2
 from retriever_svc.trace import TraceChunk, TraceDocument, TraceQuery, write_trace
-from servicekit.config import ServiceConfig
 from servicekit.health import check_health
-from tests.support.redis_server import PrivateRedis, free_port
+from tests.support.inference import InferenceProcess
+from tests.support.orchestrator import RunningOrchestrator
+from tests.support.redis_server import PrivateRedis
+from tests.support.retrievers import RetrieverProcess
 
 NONE = orchestrator_pb2.RETRIEVER_CHOICE_NONE
 REPLAY = orchestrator_pb2.RETRIEVER_CHOICE_REPLAY
@@ -57,101 +51,29 @@ def serving(address: str) -> bool:
     return check_health("grpc", address, timeout_s=2.0) is None
 
 
-class Replica:
-    """An inference replica as its own process on a fixed port, killed and started again there."""
-
-    def __init__(self, model_dir: Path, port: int | None = None) -> None:
-        self.model_dir = model_dir
-        self.port = port or free_port()
-        self.address = f"127.0.0.1:{self.port}"
-        self.handle: ServiceHandle | None = None
-        self.start()
-
-    def start(self) -> None:
-        self.handle = start_inference_service("native", self.model_dir, port=self.port, max_streams=8, dtype="float32",
-                                              extra_args=["--kv-device-blocks", "128", "--max-model-len", "2048"])
-        until(lambda: serving(self.address), f"replica {self.address} SERVING")
-
-    def kill(self) -> None:
-        self.handle.process.kill()
-        self.handle.process.wait(30)
-
-    def signal(self, sig: int) -> None:
-        os.kill(self.handle.process.pid, sig)
-
-    def stop(self) -> None:
-        if self.handle is not None:
-            if self.handle.process.poll() is None:
-                self.signal(signal.SIGCONT)      # a stopped process cannot take SIGTERM
-            self.handle.stop()
+def a_replica(model_dir: Path) -> InferenceProcess:
+    """An inference replica as its own process on a port fixed for its life: `kill()`, then `start()` there."""
+    return InferenceProcess(model_dir, max_streams=8,
+                            extra_args=["--kv-device-blocks", "128", "--max-model-len", "2048"])
 
 
-class ReplayRetriever:
-    """`streamrag serve retriever --kind replay` on a fixed port, killed and started again there."""
-
-    def __init__(self, trace: Path) -> None:
-        self.port = free_port()
-        self.address = f"127.0.0.1:{self.port}"
-        self.argv = [sys.executable, "-m", "streamrag.cli", "serve", "retriever", "--kind", "replay",
-                     "--trace", str(trace), "--host", "127.0.0.1", "--port", str(self.port), "--metrics-port", "-1"]
-        self.process: subprocess.Popen | None = None
-        self.log = trace.with_suffix(".log")
-        self.start()
-
-    def start(self) -> None:
-        with self.log.open("a") as log:
-            self.process = subprocess.Popen(self.argv, cwd=REPO, stdout=log, stderr=subprocess.STDOUT,
-                                            env={**os.environ, "HF_HUB_OFFLINE": "1"})
-        until(lambda: self.process.poll() is not None or serving(self.address), f"retriever {self.address} SERVING")
-        assert self.process.poll() is None, f"the replay retriever exited:\n{self.log.read_text()[-2000:]}"
-
-    def kill(self) -> None:
-        self.process.kill()
-        self.process.wait(30)
-
-    def stop(self) -> None:
-        if self.process is not None and self.process.poll() is None:
-            self.process.terminate()
-            self.process.wait(30)
+def replay_retriever(trace: Path) -> RetrieverProcess:
+    """The replay retriever as its own process on a port fixed for its life: `kill()`, then `start()` there."""
+    return RetrieverProcess("replay", trace.with_suffix(".log"), "--trace", str(trace))
 
 
-class Orchestrator:
-    """The orchestrator service in this process (its own event loop thread), and a client stub."""
-
-    def __init__(self, redis_url: str, replicas: list[str], retrievers: dict[str, str]) -> None:
-        self.loop = asyncio.new_event_loop()
-        self.thread = threading.Thread(target=self.loop.run_forever, name="faults-orchestrator", daemon=True)
-        self.thread.start()
-
-        async def start() -> int:          # built in its loop: a grpc.aio server belongs to one
-            self.service = OrchestratorService(ServiceConfig("orchestrator", port=0, metrics_port=None, grace_s=0),
-                                               redis_url=redis_url, inference=replicas, retrievers=retrievers)
-            return await self.service.start(handle_signals=False)
-
-        port = self.run(start())
-        self.channel = grpc.insecure_channel(f"127.0.0.1:{port}")
-        self.stub = orchestrator_pb2_grpc.OrchestratorStub(self.channel)
-
-    def run(self, coro, timeout_s: float = 120):
-        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout_s)
-
-    def ask(self, retriever: int = NONE, on_started: Callable[[str], None] | None = None) -> tuple[list, object]:
-        """Every event of one Ask, and its `done` (the Ask carries a deadline: it cannot hang)."""
-        events = []
-        request = orchestrator_pb2.AskRequest(question=QUESTION, retriever=retriever, max_tokens=8)
-        for response in self.stub.Ask(request, timeout=ASK_DEADLINE_S):
-            event = response.event
-            events.append(event)
-            if event.WhichOneof("kind") == "started" and on_started is not None:
-                on_started(event.started.replica)
-        assert events and events[-1].WhichOneof("kind") == "done", events
-        return events, events[-1].done
-
-    def stop(self) -> None:
-        self.channel.close()
-        self.run(self.service.stop(0))
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join(30)
+def ask(orchestrator: RunningOrchestrator, retriever: int = NONE,
+        on_started: Callable[[str], None] | None = None) -> tuple[list, object]:
+    """Every event of one Ask, and its `done` (the Ask carries a deadline: it cannot hang)."""
+    events = []
+    request = orchestrator_pb2.AskRequest(question=QUESTION, retriever=retriever, max_tokens=8)
+    for response in orchestrator.stub.Ask(request, timeout=ASK_DEADLINE_S):
+        event = response.event
+        events.append(event)
+        if event.WhichOneof("kind") == "started" and on_started is not None:
+            on_started(event.started.replica)
+    assert events and events[-1].WhichOneof("kind") == "done", events
+    return events, events[-1].done
 
 
 @pytest.fixture
@@ -163,13 +85,13 @@ def stopper() -> Iterator[list]:
         part.stop()
 
 
-def started_replicas(model_dir: Path, stopper: list, count: int = 2) -> dict[str, Replica]:
+def started_replicas(model_dir: Path, stopper: list, count: int = 2) -> dict[str, InferenceProcess]:
     """`count` replicas, each handed to `stopper` as soon as it runs, by address."""
     replicas = {}
     for _ in range(count):
-        replica = Replica(model_dir)
-        stopper.append(replica)
-        replicas[replica.address] = replica
+        running = a_replica(model_dir)
+        stopper.append(running)
+        replicas[running.address] = running
     return replicas
 
 
@@ -182,15 +104,15 @@ def errors(events: list) -> list[str]:
 def test_a_replica_killed_and_started_again_serves_the_next_ask_every_time(embedded_model_dir, tmp_path, stopper):
     redis_server = PrivateRedis(tmp_path)
     stopper.append(redis_server)
-    replica = Replica(embedded_model_dir)
+    replica = a_replica(embedded_model_dir)
     stopper.append(replica)
-    orchestrator = Orchestrator(redis_server.url, [replica.address], {})
+    orchestrator = RunningOrchestrator(redis_server.url, [replica.address], {})
     stopper.append(orchestrator)
-    _, before = orchestrator.ask()
+    _, before = ask(orchestrator)
     for _ in range(ROUNDS):
         replica.kill()
         replica.start()                  # same port; returns once its health says SERVING
-        _, done = orchestrator.ask()     # at once
+        _, done = ask(orchestrator)     # at once
         assert done.replica == replica.address
         assert done.answer == before.answer
 
@@ -200,20 +122,20 @@ def test_a_retriever_killed_and_started_again_serves_the_next_ask_every_time(emb
                                                                              stopper):
     redis_server = PrivateRedis(tmp_path)
     stopper.append(redis_server)
-    retriever = ReplayRetriever(write_trace(tmp_path / "trace.jsonl", TRACE))
+    retriever = replay_retriever(write_trace(tmp_path / "trace.jsonl", TRACE))
     stopper.append(retriever)
-    replica = Replica(embedded_model_dir)
+    replica = a_replica(embedded_model_dir)
     stopper.append(replica)
-    orchestrator = Orchestrator(redis_server.url, [replica.address], {"replay": retriever.address})
+    orchestrator = RunningOrchestrator(redis_server.url, [replica.address], {"replay": retriever.address})
     stopper.append(orchestrator)
-    _, before = orchestrator.ask(REPLAY)
+    _, before = ask(orchestrator, REPLAY)
     assert [d.id for d in before.sources] == ["f1", "f2"]
     for _ in range(ROUNDS):
         retriever.kill()
-        events, during = orchestrator.ask(REPLAY)     # answered without it; its channel now backs off
+        events, during = ask(orchestrator, REPLAY)     # answered without it; its channel now backs off
         assert errors(events) and not during.sources
         retriever.start()                # same port; returns once its health says SERVING
-        events, done = orchestrator.ask(REPLAY)       # at once
+        events, done = ask(orchestrator, REPLAY)       # at once
         assert errors(events) == []      # no "retriever replay: ..." ERROR: it was used
         assert [d.id for d in done.sources] == ["f1", "f2"]
         assert done.answer == before.answer
@@ -224,24 +146,24 @@ def test_redis_killed_and_started_again_keeps_every_record_and_serves_the_next_a
                                                                                  stopper):
     redis_server = PrivateRedis(tmp_path, persist=True)          # what it acknowledged survives a restart
     stopper.append(redis_server)
-    replica = Replica(embedded_model_dir)
+    replica = a_replica(embedded_model_dir)
     stopper.append(replica)
-    orchestrator = Orchestrator(redis_server.url, [replica.address], {})
+    orchestrator = RunningOrchestrator(redis_server.url, [replica.address], {})
     stopper.append(orchestrator)
     raw = redis.Redis.from_url(redis_server.url, decode_responses=True)
     store = orchestrator.service.store
     asked = []
     for _ in range(ROUNDS):
-        _, done = orchestrator.ask()
+        _, done = ask(orchestrator)
         asked.append(done.request_id)
         assert orchestrator.run(store.flush(60))                 # stored: acknowledged by Redis
         redis_server._proc.kill()                                # SIGKILL
         redis_server._proc.wait(30)
-        _, during = orchestrator.ask()                           # the answer does not need Redis
+        _, during = ask(orchestrator)                           # the answer does not need Redis
         assert during.answer == done.answer
         asked.append(during.request_id)
         redis_server._start()                                    # same port and data; returns on PONG
-        _, after = orchestrator.ask()                            # at once
+        _, after = ask(orchestrator)                            # at once
         assert after.answer == done.answer
         asked.append(after.request_id)
         until(lambda rid=after.request_id: raw.hget(request_key(rid), "state") == "FINISHED",
@@ -262,12 +184,12 @@ def test_redis_killed_and_started_again_keeps_every_record_and_serves_the_next_a
 def test_a_replica_stopped_mid_ask_is_failed_over_within_the_deadline(embedded_model_dir, tmp_path, stopper):
     redis_server = PrivateRedis(tmp_path)
     stopper.append(redis_server)
-    retriever = ReplayRetriever(write_trace(tmp_path / "trace.jsonl", TRACE))
+    retriever = replay_retriever(write_trace(tmp_path / "trace.jsonl", TRACE))
     stopper.append(retriever)
     replicas = started_replicas(embedded_model_dir, stopper)
-    orchestrator = Orchestrator(redis_server.url, list(replicas), {"replay": retriever.address})
+    orchestrator = RunningOrchestrator(redis_server.url, list(replicas), {"replay": retriever.address})
     stopper.append(orchestrator)
-    _, undisturbed = orchestrator.ask(REPLAY)
+    _, undisturbed = ask(orchestrator, REPLAY)
     stopped: list[str] = []
 
     def stop_it(address: str) -> None:   # before its first token: the last passage is 2 s away
@@ -275,7 +197,7 @@ def test_a_replica_stopped_mid_ask_is_failed_over_within_the_deadline(embedded_m
         stopped.append(address)
 
     try:
-        _, done = orchestrator.ask(REPLAY, on_started=stop_it)
+        _, done = ask(orchestrator, REPLAY, on_started=stop_it)
     finally:
         for address in stopped:
             replicas[address].signal(signal.SIGCONT)

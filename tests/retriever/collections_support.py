@@ -10,7 +10,6 @@ import hashlib
 import random
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
@@ -19,13 +18,11 @@ import pytest
 from fpdf import FPDF
 
 from protos import retriever_pb2 as pb
-from protos import retriever_pb2_grpc
 from retriever_svc.anns.backend import AnnsBackend
 from retriever_svc.anns.index import AnnsIndex
 from retriever_svc.collections.registry import CollectionRegistry, DefaultCollection
 from retriever_svc.corpus.embedding import EMBEDDING_DIM
-from retriever_svc.server import build_runner
-from servicekit.config import ServiceConfig
+from tests.support.retrievers import RetrieverStubs, serving_retriever
 
 SCHEDULE = (8, 32, 64)
 ALL = 100                       # top_k that covers every passage of the collections made here
@@ -37,31 +34,23 @@ WORDS = ["amber", "basil", "cedar", "delta", "ember", "fjord", "garnet", "harbor
 
 # ---------------------------------------------------------------- serving in the test's event loop
 
-@dataclass
-class Stubs:
-    collections: retriever_pb2_grpc.CollectionsStub
-    retriever: retriever_pb2_grpc.RetrieverStub
 
 
 @asynccontextmanager
-async def serving(tiny_index: Path, root: Path) -> AsyncIterator[Stubs]:
+async def serving(tiny_index: Path, root: Path) -> AsyncIterator[RetrieverStubs]:
     """The retriever as `serve` runs it, without the background merger (merges are asked for here); the default
     collection is the tiny index."""
     registry = CollectionRegistry(root, DefaultCollection(AnnsIndex(tiny_index)))
     backend = AnnsBackend(registry, schedule=SCHEDULE, beam_width=4)
-    runner, _background = build_runner(ServiceConfig(service="anns", port=0, metrics_port=None), backend)
-    port = await runner.start(handle_signals=False)
-    channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}")
     try:
-        yield Stubs(retriever_pb2_grpc.CollectionsStub(channel), retriever_pb2_grpc.RetrieverStub(channel))
+        async with serving_retriever(backend, "anns") as stubs:
+            yield stubs
     finally:
-        await channel.close()
-        await runner.stop(0)
         registry.close()
         backend.index.close()
 
 
-async def documents(stubs: Stubs, query: str, collection: str, top_k: int = 3) -> list:
+async def documents(stubs: RetrieverStubs, query: str, collection: str, top_k: int = 3) -> list:
     """The final list of a Retrieve."""
     request = pb.RetrieveRequest(query=query, top_k=top_k, collection=collection)
     chunks = [response.chunk async for response in stubs.retriever.Retrieve(request)]
@@ -69,12 +58,13 @@ async def documents(stubs: Stubs, query: str, collection: str, top_k: int = 3) -
     return list(chunks[-1].documents)
 
 
-async def add_files(stubs: Stubs, collection: str, files: list[tuple[str, bytes]]) -> list[pb.AddFilesResponse]:
+async def add_files(stubs: RetrieverStubs, collection: str,
+                    files: list[tuple[str, bytes]]) -> list[pb.AddFilesResponse]:
     requests = [pb.AddFilesRequest(collection=collection, path=path, content=content) for path, content in files]
     return [response async for response in stubs.collections.AddFiles(iter(requests))]
 
 
-async def infos(stubs: Stubs) -> dict[str, pb.CollectionInfo]:
+async def infos(stubs: RetrieverStubs) -> dict[str, pb.CollectionInfo]:
     listed = await stubs.collections.ListCollections(pb.ListCollectionsRequest())
     return {info.name: info for info in listed.collections}
 

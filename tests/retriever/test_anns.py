@@ -10,8 +10,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import time
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from itertools import pairwise
 from pathlib import Path
 
@@ -19,17 +17,14 @@ import grpc
 import numpy as np
 import pytest
 
-from protos import retriever_pb2, retriever_pb2_grpc
+from protos import retriever_pb2
 from retriever_svc.anns.backend import AnnsBackend, build_backend, parse_schedule
 from retriever_svc.anns.index import AnnsIndex, recall
 from retriever_svc.anns.stages import effective_schedule
 from retriever_svc.server_args import add_retriever_args
-from retriever_svc.service import RetrieverServicer
-from servicekit.config import ServiceConfig
-from servicekit.server import ServiceRunner
 from tests.retriever import build_random_index, build_tiny_index
+from tests.support.retrievers import serving_retriever
 
-SERVICE_NAME = retriever_pb2.DESCRIPTOR.services_by_name["Retriever"].full_name
 UPDATE = retriever_pb2.CHUNK_MODE_UPDATE
 
 
@@ -50,27 +45,14 @@ def tiny_backend(tiny_index) -> AnnsBackend:
     backend.index.close()
 
 
-@asynccontextmanager
-async def serving(backend) -> AsyncIterator[retriever_pb2_grpc.RetrieverStub]:
-    runner = ServiceRunner(ServiceConfig(service="anns", port=0, metrics_port=None),
-                           [(retriever_pb2_grpc.add_RetrieverServicer_to_server, RetrieverServicer(backend))],
-                           [SERVICE_NAME])
-    port = await runner.start(handle_signals=False)
-    channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}")
-    try:
-        yield retriever_pb2_grpc.RetrieverStub(channel)
-    finally:
-        await channel.close()
-        await runner.stop(0)
-
-
 async def retrieve(stub, query: str, top_k: int = 3, **options: str) -> list[retriever_pb2.ContextChunk]:
     request = retriever_pb2.RetrieveRequest(query=query, top_k=top_k, options=options)
     return [response.chunk async for response in stub.Retrieve(request)]
 
 
 async def test_retrieve_streams_full_update_lists_with_stages_and_one_final(tiny_backend):
-    async with serving(tiny_backend) as stub:
+    async with serving_retriever(tiny_backend, "anns") as served:
+        stub = served.retriever
         chunks = await retrieve(stub, "How do I read a file?", top_k=3, l_schedule="1,2,4,8", measure_recall="true")
     assert [c.seq for c in chunks] == list(range(len(chunks)))
     assert all(c.mode == UPDATE for c in chunks)
@@ -90,7 +72,8 @@ async def test_retrieve_streams_full_update_lists_with_stages_and_one_final(tiny
 
 
 async def test_top_k_above_the_corpus_size_returns_each_passage_once(tiny_backend):
-    async with serving(tiny_backend) as stub:
+    async with serving_retriever(tiny_backend, "anns") as served:
+        stub = served.retriever
         chunks = await retrieve(stub, "What does get() return when a key is missing?", top_k=10)
     assert chunks[-1].final and not chunks[-1].stage.HasField("recall_at_k")
     assert len({d.id for d in chunks[-1].documents}) == 5 == len(chunks[-1].documents)
@@ -98,7 +81,8 @@ async def test_top_k_above_the_corpus_size_returns_each_passage_once(tiny_backen
 
 
 async def test_describe_reports_kind_corpus_and_index_facts(tiny_backend):
-    async with serving(tiny_backend) as stub:
+    async with serving_retriever(tiny_backend, "anns") as served:
+        stub = served.retriever
         info = (await stub.Describe(retriever_pb2.RetrieverDescribeRequest())).retriever_info
     assert info.kind == retriever_pb2.RETRIEVER_KIND_ANNS
     assert info.corpus == "site" and info.num_documents == 5
@@ -125,7 +109,8 @@ BAD_REQUESTS = [
 
 
 async def test_bad_inputs_end_with_invalid_argument_and_the_service_keeps_serving(tiny_backend):
-    async with serving(tiny_backend) as stub:
+    async with serving_retriever(tiny_backend, "anns") as served:
+        stub = served.retriever
         for fields, says in BAD_REQUESTS:
             with pytest.raises(grpc.aio.AioRpcError) as failure:
                 async for _ in stub.Retrieve(retriever_pb2.RetrieveRequest(**fields)):
@@ -154,7 +139,8 @@ class SlowIndex(AnnsIndex):
 async def test_cancelling_mid_retrieval_stops_between_stages(tiny_index):
     index = SlowIndex(tiny_index)
     backend = AnnsBackend(index, schedule=tuple(range(3, 11)), beam_width=4)    # 8 stages: 1.2 s in all
-    async with serving(backend) as stub:
+    async with serving_retriever(backend, "anns") as served:
+        stub = served.retriever
         call = stub.Retrieve(retriever_pb2.RetrieveRequest(query="buffered writes", top_k=3))
         first = await call.read()
         assert first.chunk.stage.index == 0 and not first.chunk.final
@@ -189,7 +175,8 @@ def test_stage_recall_and_overlap_never_drop_on_a_hard_index(random_index):
 
 async def test_emitted_chunks_on_a_hard_index_carry_non_decreasing_recall(random_index):
     backend = AnnsBackend(AnnsIndex(random_index), schedule=(10, 16, 32, 128), beam_width=2)
-    async with serving(backend) as stub:
+    async with serving_retriever(backend, "anns") as served:
+        stub = served.retriever
         for query in ("open a file", "sort a list", "dictionary keys", "buffered io", "generators"):
             chunks = await retrieve(stub, query, top_k=10, measure_recall="true")
             recalls = [c.stage.recall_at_k for c in chunks]

@@ -12,12 +12,9 @@ import threading
 import grpc
 
 from protos import retriever_pb2 as pb
-from protos import retriever_pb2_grpc
 from retriever_svc.anns.backend import AnnsBackend
 from retriever_svc.anns.index import AnnsIndex
 from retriever_svc.collections.registry import CollectionRegistry, DefaultCollection
-from retriever_svc.server import build_runner
-from servicekit.config import ServiceConfig
 from tests.retriever.collections_support import (
     ADDED,
     ALL,
@@ -26,7 +23,6 @@ from tests.retriever.collections_support import (
     QUESTIONS,
     SCHEDULE,
     ZORBLAX,
-    Stubs,
     add_files,
     documents,
     failure,
@@ -34,6 +30,7 @@ from tests.retriever.collections_support import (
     serving,
     write,
 )
+from tests.support.retrievers import serving_retriever
 
 # ---------------------------------------------------------------- the contract
 
@@ -180,26 +177,21 @@ async def test_the_default_collection_answers_unavailable_with_progress_while_it
     default = DefaultCollection()
     registry = CollectionRegistry(tmp_path / "collections", default)
     backend = AnnsBackend(registry, schedule=SCHEDULE, beam_width=4)
-    runner, _background = build_runner(ServiceConfig(service="anns", port=0, metrics_port=None), backend)
-    port = await runner.start(handle_signals=False)
-    channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}")
-    stubs = Stubs(retriever_pb2_grpc.CollectionsStub(channel), retriever_pb2_grpc.RetrieverStub(channel))
     try:
-        thread = default.build_in_background(build)
-        while not default.progress:
-            await asyncio.sleep(0.01)
-        error = await failure(stubs.retriever.Retrieve(pb.RetrieveRequest(query="sort a list")))
-        assert error.code() == grpc.StatusCode.UNAVAILABLE
-        assert "still building (embed 1024/14781 passages)" in error.details()
-        assert (await infos(stubs))["default"].state == "building"
-        await stubs.collections.CreateCollection(pb.CreateCollectionRequest(name="mine"))   # the others serve
-        assert (await documents(stubs, "anything", "mine")) == []
-        release.set()
-        await asyncio.to_thread(thread.join, 60)
-        assert (await infos(stubs))["default"].state == "ready"
-        assert (await documents(stubs, "How do I sort a list?", ""))[0].url == "lists.html"
+        async with serving_retriever(backend, "anns") as stubs:
+            thread = default.build_in_background(build)
+            while not default.progress:
+                await asyncio.sleep(0.01)
+            error = await failure(stubs.retriever.Retrieve(pb.RetrieveRequest(query="sort a list")))
+            assert error.code() == grpc.StatusCode.UNAVAILABLE
+            assert "still building (embed 1024/14781 passages)" in error.details()
+            assert (await infos(stubs))["default"].state == "building"
+            await stubs.collections.CreateCollection(pb.CreateCollectionRequest(name="mine"))   # the others serve
+            assert (await documents(stubs, "anything", "mine")) == []
+            release.set()
+            await asyncio.to_thread(thread.join, 60)
+            assert (await infos(stubs))["default"].state == "ready"
+            assert (await documents(stubs, "How do I sort a list?", ""))[0].url == "lists.html"
     finally:
         release.set()
-        await channel.close()
-        await runner.stop(0)
         registry.close()

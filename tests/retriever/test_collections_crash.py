@@ -17,7 +17,7 @@ from protos import retriever_pb2 as pb
 from protos import retriever_pb2_grpc
 from retriever_svc.collections.collection import STORE_FILE, file_passages
 from tests.retriever.collections_support import ADDED, ALL, UNCHANGED, WORDS, from_file
-from tests.support.retriever_process import RetrieverProcess
+from tests.support.retrievers import RetrieverProcess
 
 # ---------------------------------------------------------------- SIGKILL in the middle of AddFiles
 
@@ -60,10 +60,11 @@ def test_sigkill_during_add_files_loses_no_acknowledged_file_and_leaves_none_hal
             in_flight.acquire(timeout=60)
             yield pb.AddFilesRequest(collection="crash", path=path, content=data)
 
-    first = RetrieverProcess(tmp_path / "first.log", "--index", str(tiny_index), "--collections", str(collections))
+    flags = ("--index", str(tiny_index), "--collections", str(collections))
+    first = RetrieverProcess("anns", tmp_path / "first.log", *flags)
     channel = None
     try:
-        channel = grpc.insecure_channel(f"127.0.0.1:{first.wait_for_port()}")
+        channel = grpc.insecure_channel(first.address)
         stub = retriever_pb2_grpc.CollectionsStub(channel)
         stub.CreateCollection(pb.CreateCollectionRequest(name="crash"), timeout=60)
         try:
@@ -83,10 +84,10 @@ def test_sigkill_during_add_files_loses_no_acknowledged_file_and_leaves_none_hal
             channel.close()
         first.kill()
 
-    second = RetrieverProcess(tmp_path / "second.log", "--index", str(tiny_index), "--collections", str(collections))
+    second = RetrieverProcess("anns", tmp_path / "second.log", *flags)
     channel = None
     try:
-        channel = grpc.insecure_channel(f"127.0.0.1:{second.wait_for_port()}")
+        channel = grpc.insecure_channel(second.address)
         stub = retriever_pb2_grpc.CollectionsStub(channel)
         retriever = retriever_pb2_grpc.RetrieverStub(channel)
 

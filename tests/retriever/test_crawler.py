@@ -11,17 +11,15 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import threading
 import time
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import grpc
 import pytest
 from crawl4ai import CrawlerRunConfig
 
-from protos import common_pb2, retriever_pb2, retriever_pb2_grpc
+from protos import common_pb2, retriever_pb2
 from retriever_svc.corpus.web_server import CorpusServer
 from retriever_svc.crawler import (
     DEFAULT_START_URL,
@@ -36,15 +34,12 @@ from retriever_svc.crawler import (
 )
 from retriever_svc.crawler.url_policy import GuardedResolver, UrlPolicy, UrlRefused
 from retriever_svc.server_args import add_retriever_args
-from retriever_svc.service import RetrieverServicer
-from servicekit.config import ServiceConfig
-from servicekit.server import ServiceRunner
+from tests.support.retrievers import serving_retriever
 from tests.support.tiny_corpus import render
 
 # On the tiny corpus the relevant pages are files.html (depth 1 from the index) and io/buffering.html (depth 2);
 # the site search finds both directly.
 QUERY = "use the with statement to close a file and flush buffered writes"
-SERVICE = retriever_pb2.DESCRIPTOR.services_by_name["Retriever"].full_name
 APPEND = retriever_pb2.CHUNK_MODE_APPEND
 
 
@@ -60,22 +55,9 @@ def settings_for(corpus: CorpusServer, tmp_path: Path, **overrides) -> CrawlerSe
     return CrawlerSettings(start_urls=(corpus.index_url,), work_dir=tmp_path / "crawl4ai", **overrides)
 
 
-@contextlib.asynccontextmanager
-async def retriever(settings: CrawlerSettings) -> AsyncIterator[retriever_pb2_grpc.RetrieverStub]:
-    runner = ServiceRunner(ServiceConfig(service="crawler", port=0, metrics_port=None),
-                           [(retriever_pb2_grpc.add_RetrieverServicer_to_server,
-                             RetrieverServicer(CrawlerBackend(settings)))], [SERVICE])
-    port = await runner.start(handle_signals=False)
-    channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}")
-    try:
-        yield retriever_pb2_grpc.RetrieverStub(channel)
-    finally:
-        await channel.close()
-        await runner.stop(0)
-
-
 async def retrieve(settings: CrawlerSettings, query: str = QUERY, **request) -> list[retriever_pb2.ContextChunk]:
-    async with retriever(settings) as stub:
+    async with serving_retriever(CrawlerBackend(settings), "crawler") as served:
+        stub = served.retriever
         call = stub.Retrieve(retriever_pb2.RetrieveRequest(query=query, **{"deadline_ms": 30_000, **request}))
         return [response.chunk async for response in call]
 
@@ -179,7 +161,8 @@ def test_a_disallowed_start_url_is_a_configuration_error(start_url, allow, tmp_p
 
 
 async def test_a_start_url_from_the_client_is_invalid_argument(corpus, tmp_path) -> None:
-    async with retriever(settings_for(corpus, tmp_path)) as stub:
+    async with serving_retriever(CrawlerBackend(settings_for(corpus, tmp_path)), "crawler") as served:
+        stub = served.retriever
         call = stub.Retrieve(retriever_pb2.RetrieveRequest(query=QUERY, options={"start_url": "http://evil/"}))
         with pytest.raises(grpc.aio.AioRpcError) as error:
             [r async for r in call]
@@ -271,7 +254,9 @@ async def settled_request_count(corpus, quiet_s: float = 0.4, timeout_s: float =
 
 async def test_cancelling_retrieve_stops_the_crawl_and_its_requests(tmp_path) -> None:
     with CorpusServer(fan_out_site(tmp_path / "site"), latency="0.2") as corpus:
-        async with retriever(settings_for(corpus, tmp_path, max_pages=30, search_url=None)) as stub:
+        settings = settings_for(corpus, tmp_path, max_pages=30, search_url=None)
+        async with serving_retriever(CrawlerBackend(settings), "crawler") as served:
+            stub = served.retriever
             call = stub.Retrieve(retriever_pb2.RetrieveRequest(query=QUERY, top_k=100, deadline_ms=60_000))
             first = await call.read()
             assert first.chunk.documents and not first.chunk.final

@@ -20,7 +20,7 @@ from protos import retriever_pb2_grpc
 from retriever_svc.anns.index import AnnsIndex
 from retriever_svc.corpus.checkpoint import CHECKPOINT
 from retriever_svc.corpus.index import MANIFEST, build_index, read_manifest
-from tests.support.retriever_process import RetrieverProcess
+from tests.support.retrievers import RetrieverProcess
 from tests.support.tiny_corpus import build_guide_pages
 
 COMMIT_EVERY = 4
@@ -103,7 +103,7 @@ def test_sigkill_of_the_anns_retriever_during_the_first_build_then_restart_resum
     out, collections = tmp_path / "index", tmp_path / "collections"
     flags = ("--index", str(out), "--build-from", str(site), "--collections", str(collections),
              "--build-commit-every", str(COMMIT_EVERY))
-    first = RetrieverProcess(tmp_path / "first.log", *flags)
+    first = RetrieverProcess("anns", tmp_path / "first.log", *flags, wait=False)    # killed mid-build
     try:
         while committed(out) == 0:          # the build has committed something: kill it there
             assert first.process.poll() is None, (tmp_path / "first.log").read_text()[-2000:]
@@ -114,9 +114,9 @@ def test_sigkill_of_the_anns_retriever_during_the_first_build_then_restart_resum
     assert read_manifest(out) is None, "the build ended before the kill: make the site bigger"
     assert 0 < kept < from_scratch.size
 
-    second = RetrieverProcess(tmp_path / "second.log", *flags)
+    second = RetrieverProcess("anns", tmp_path / "second.log", *flags)
     try:
-        with grpc.insecure_channel(f"127.0.0.1:{second.wait_for_port()}") as channel:
+        with grpc.insecure_channel(second.address) as channel:
             stub = retriever_pb2_grpc.RetrieverStub(channel)
             while not (info := stub.Describe(pb.RetrieverDescribeRequest(), timeout=30).retriever_info).num_documents:
                 assert info.facts["default_state"] == "building", info.facts

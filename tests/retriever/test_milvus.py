@@ -20,15 +20,12 @@ pytest.importorskip("milvus")
 pytest.importorskip("pymilvus")
 
 from protos import retriever_pb2 as pb  # noqa: E402
-from protos import retriever_pb2_grpc  # noqa: E402
 from retriever_svc.collections.registry import CollectionRegistry, DefaultCollection  # noqa: E402
 from retriever_svc.milvus.backend import MilvusAnnsBackend  # noqa: E402
 from retriever_svc.milvus.bundled import MilvusBundledIndex  # noqa: E402
 from retriever_svc.milvus.connection import MilvusConnection, MilvusSettings  # noqa: E402
 from retriever_svc.milvus.embedded import EmbeddedMilvus  # noqa: E402
 from retriever_svc.milvus.live import MilvusLiveIndex  # noqa: E402
-from retriever_svc.server import build_runner  # noqa: E402
-from servicekit.config import ServiceConfig  # noqa: E402
 from tests.retriever import build_tiny_index  # noqa: E402
 from tests.retriever.collections_support import (  # noqa: E402
     ADDED,
@@ -36,7 +33,6 @@ from tests.retriever.collections_support import (  # noqa: E402
     MARMALADE,
     QUESTIONS,
     ZORBLAX,
-    Stubs,
     add_files,
     documents,
     failure,
@@ -44,6 +40,7 @@ from tests.retriever.collections_support import (  # noqa: E402
     infos,
     write,
 )
+from tests.support.retrievers import serving_retriever  # noqa: E402
 
 SCHEDULE = (4, 16, 64)
 
@@ -68,14 +65,10 @@ async def serving(milvus: EmbeddedMilvus, tiny_index: Path, root: Path, timeout_
     registry = CollectionRegistry(root, DefaultCollection(MilvusBundledIndex(tiny_index, connection)),
                                   index_factory=lambda folder, store: MilvusLiveIndex(folder, store, connection))
     backend = MilvusAnnsBackend(registry, connection, schedule=SCHEDULE, beam_width=4)
-    runner, _background = build_runner(ServiceConfig(service="anns", port=0, metrics_port=None), backend)
-    port = await runner.start(handle_signals=False)
-    channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}")
     try:
-        yield Stubs(retriever_pb2_grpc.CollectionsStub(channel), retriever_pb2_grpc.RetrieverStub(channel)), registry
+        async with serving_retriever(backend, "anns") as stubs:
+            yield stubs, registry
     finally:
-        await channel.close()
-        await runner.stop(0)
         registry.close()
         connection.close()
 

@@ -22,7 +22,6 @@ pytest.importorskip("pymilvus")
 from pymilvus import MilvusException
 
 from protos import retriever_pb2 as pb
-from protos import retriever_pb2_grpc
 from retriever_svc.collections.collection import Added, Collection
 from retriever_svc.collections.registry import CollectionRegistry, DefaultCollection
 from retriever_svc.corpus.passages import approx_tokens
@@ -30,10 +29,9 @@ from retriever_svc.milvus import index as milvus_index
 from retriever_svc.milvus.backend import MilvusAnnsBackend, build_backend
 from retriever_svc.milvus.connection import MilvusConnection, MilvusSettings, max_search_list
 from retriever_svc.milvus.live import MilvusLiveIndex
-from retriever_svc.server import build_runner
 from retriever_svc.service import RetrieverUnavailable
-from servicekit.config import ServiceConfig
 from tests.retriever.collections_support import fake_content, fake_embed
+from tests.support.retrievers import serving_retriever
 
 
 class FakeMilvusCollection:
@@ -199,31 +197,27 @@ async def test_retrieve_streams_staged_updates_and_ends_unavailable_when_milvus_
         collection.add_file(f"doc{i}.md", fake_content(f"doc{i}.md", 0), approx_tokens, fake_embed)
     query = collection.store.passages(collection.store.vectors()[0].tolist()[:1])
     text = next(iter(query.values())).text
-    runner, _ = build_runner(ServiceConfig(service="anns", port=0, metrics_port=None), backend)
-    port = await runner.start(handle_signals=False)
-    channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}")
-    stub = retriever_pb2_grpc.RetrieverStub(channel)
     try:
-        request = pb.RetrieveRequest(query=text, top_k=3, collection="notes", options={"measure_recall": "true"})
-        chunks = [r.chunk async for r in stub.Retrieve(request)]
-        assert all(c.mode == pb.CHUNK_MODE_UPDATE for c in chunks) and chunks[-1].final
-        assert chunks[-1].stage.search_list_size == 64 and chunks[-1].stage.recall_at_k == 1.0
-        assert chunks[-1].documents[0].text == text
+        async with serving_retriever(backend, "anns") as served:
+            stub = served.retriever
+            request = pb.RetrieveRequest(query=text, top_k=3, collection="notes", options={"measure_recall": "true"})
+            chunks = [r.chunk async for r in stub.Retrieve(request)]
+            assert all(c.mode == pb.CHUNK_MODE_UPDATE for c in chunks) and chunks[-1].final
+            assert chunks[-1].stage.search_list_size == 64 and chunks[-1].stage.recall_at_k == 1.0
+            assert chunks[-1].documents[0].text == text
 
-        bad = pb.RetrieveRequest(query=text, collection="notes", options={"l_schedule": "64,16"})
-        with pytest.raises(grpc.aio.AioRpcError) as caught:
-            [r async for r in stub.Retrieve(bad)]
-        assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+            bad = pb.RetrieveRequest(query=text, collection="notes", options={"l_schedule": "64,16"})
+            with pytest.raises(grpc.aio.AioRpcError) as caught:
+                [r async for r in stub.Retrieve(bad)]
+            assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
 
-        connection.down(True)
-        with pytest.raises(grpc.aio.AioRpcError) as caught:
-            [r async for r in stub.Retrieve(request)]
-        assert caught.value.code() == grpc.StatusCode.UNAVAILABLE
-        assert "Milvus at http://milvus.invalid:19530 failed searching" in caught.value.details()
-        assert backend.describe().facts["backend"] == "milvus"
+            connection.down(True)
+            with pytest.raises(grpc.aio.AioRpcError) as caught:
+                [r async for r in stub.Retrieve(request)]
+            assert caught.value.code() == grpc.StatusCode.UNAVAILABLE
+            assert "Milvus at http://milvus.invalid:19530 failed searching" in caught.value.details()
+            assert backend.describe().facts["backend"] == "milvus"
     finally:
-        await channel.close()
-        await runner.stop(0)
         registry.close()
 
 

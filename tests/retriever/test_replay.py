@@ -9,8 +9,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import time
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from pathlib import Path
 
 import grpc
@@ -18,13 +16,10 @@ import pytest
 
 from protos import retriever_pb2, retriever_pb2_grpc
 from retriever_svc.replay import ReplayBackend, build_backend, chunk_to_proto, load_backend, stable_index
-from retriever_svc.service import InvalidQuery, RetrievalQuery, RetrieverServicer
+from retriever_svc.service import InvalidQuery, RetrievalQuery
 from retriever_svc.trace import Trace, TraceChunk, TraceDocument, TraceQuery, TraceStage, read_trace, write_trace
 from retriever_svc.trace_record import add_trace_record_args, load_queries, record_trace, run_trace_record
-from servicekit.config import ServiceConfig
-from servicekit.server import ServiceRunner
-
-SERVICE_NAME = retriever_pb2.DESCRIPTOR.services_by_name["Retriever"].full_name
+from tests.support.retrievers import serving_retriever
 
 
 def doc(i: int) -> TraceDocument:
@@ -50,19 +45,6 @@ TRACE = Trace((ANNS, CRAWL, SLOW))
 
 def query(text: str, **options: str) -> RetrievalQuery:
     return RetrievalQuery(text, 10, 30.0, options)
-
-
-@asynccontextmanager
-async def serving(backend) -> AsyncIterator[str]:
-    """A Retriever server for `backend` on a free loopback port; yields its address."""
-    runner = ServiceRunner(ServiceConfig(service="replay", port=0, metrics_port=None),
-                           [(retriever_pb2_grpc.add_RetrieverServicer_to_server, RetrieverServicer(backend))],
-                           [SERVICE_NAME])
-    port = await runner.start(handle_signals=False)
-    try:
-        yield f"127.0.0.1:{port}"
-    finally:
-        await runner.stop(0)
 
 
 async def retrieve(address: str, text: str, **options: str) -> list[tuple[float, retriever_pb2.ContextChunk]]:
@@ -98,7 +80,8 @@ def contents(q: TraceQuery) -> list[tuple]:
 
 
 async def test_replay_streams_the_trace_chunks_in_order() -> None:
-    async with serving(ReplayBackend(TRACE, time_scale=0)) as address:
+    async with serving_retriever(ReplayBackend(TRACE, time_scale=0), "replay") as served:
+        address = served.address
         got = [chunk for _, chunk in await retrieve(address, "anything", query_id="anns-1")]
     assert [c.seq for c in got] == [0, 1, 2]
     assert [c.final for c in got] == [False, False, True]
@@ -117,7 +100,8 @@ async def test_replay_streams_the_trace_chunks_in_order() -> None:
 
 async def test_replay_keeps_the_gaps_scaled_by_time_scale() -> None:
     scale = 0.1                                            # CRAWL lasts 1.5 s; scaled: 0.15 s
-    async with serving(ReplayBackend(TRACE, time_scale=scale)) as address:
+    async with serving_retriever(ReplayBackend(TRACE, time_scale=scale), "replay") as served:
+        address = served.address
         got = await retrieve(address, CRAWL.query)
     arrivals = [t for t, _ in got]
     assert [c.mode for _, c in got] == [retriever_pb2.CHUNK_MODE_APPEND] * 3
@@ -143,7 +127,8 @@ def test_query_is_chosen_by_id_then_text_then_a_stable_hash() -> None:
 
 
 async def test_query_selection_over_grpc_and_an_unknown_option() -> None:
-    async with serving(ReplayBackend(TRACE, time_scale=0)) as address:
+    async with serving_retriever(ReplayBackend(TRACE, time_scale=0), "replay") as served:
+        address = served.address
         by_text = await retrieve(address, ANNS.query)
         assert [without_timing(c) for _, c in by_text] == expected_chunks(ANNS)
         by_id = await retrieve(address, ANNS.query, query_id="crawl-1")
@@ -157,7 +142,8 @@ async def test_query_selection_over_grpc_and_an_unknown_option() -> None:
 # Remove this marker once retriever_svc/service.py turns an InvalidQuery raised by a backend's
 # stream into INVALID_ARGUMENT (today only its own validate() is mapped; the rest is UNKNOWN).
 async def test_an_unknown_query_id_is_invalid_argument() -> None:
-    async with serving(ReplayBackend(TRACE, time_scale=0)) as address:
+    async with serving_retriever(ReplayBackend(TRACE, time_scale=0), "replay") as served:
+        address = served.address
         with pytest.raises(grpc.aio.AioRpcError) as caught:
             await retrieve(address, "question", query_id="nope")
     assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
@@ -175,8 +161,8 @@ async def test_cancelling_the_call_stops_the_replay_promptly() -> None:
             finally:
                 closed.set()
 
-    async with serving(Probe(TRACE, time_scale=1.0)) as address, grpc.aio.insecure_channel(address) as channel:
-        call = retriever_pb2_grpc.RetrieverStub(channel).Retrieve(
+    async with serving_retriever(Probe(TRACE, time_scale=1.0), "replay") as served:
+        call = served.retriever.Retrieve(
             retriever_pb2.RetrieveRequest(query="x", options={"query_id": "slow-1"}))
         first = await call.read()
         assert first.chunk.documents[0].id == "d8"
@@ -215,7 +201,8 @@ def test_build_backend_reports_bad_flags_and_files(tmp_path: Path) -> None:
 async def test_record_replay_record_round_trip(tmp_path: Path) -> None:
     source = write_trace(tmp_path / "source.jsonl", [ANNS, CRAWL])
     lines: list[str] = []
-    async with serving(load_backend(source, time_scale=0.02)) as address:
+    async with serving_retriever(load_backend(source, time_scale=0.02), "replay") as served:
+        address = served.address
         result = await record_trace(address, load_queries([str(source)]), tmp_path / "first.jsonl",
                                     workload="replayed", say=lines.append)
     assert (result.recorded, result.failed) == (2, 0)
@@ -230,7 +217,8 @@ async def test_record_replay_record_round_trip(tmp_path: Path) -> None:
         times = [c.t_s for c in recorded.chunks]
         assert times == sorted(times) and times[-1] >= original.duration_s * 0.02 - 0.05
 
-    async with serving(load_backend(tmp_path / "first.jsonl", time_scale=0)) as address:
+    async with serving_retriever(load_backend(tmp_path / "first.jsonl", time_scale=0), "replay") as served:
+        address = served.address
         await record_trace(address, load_queries([str(source)]), tmp_path / "second.jsonl", say=lines.append)
     second = read_trace(tmp_path / "second.jsonl")
     assert [contents(q) for q in second.queries] == [contents(q) for q in first.queries]
@@ -243,7 +231,8 @@ async def test_trace_record_command(tmp_path: Path, capsys: pytest.CaptureFixtur
     questions = tmp_path / "questions.txt"
     questions.write_text("# one per line\nWhat is a generator?\n\n")
     out = tmp_path / "out" / "rec.jsonl"
-    async with serving(ReplayBackend(TRACE, time_scale=0)) as address:
+    async with serving_retriever(ReplayBackend(TRACE, time_scale=0), "replay") as served:
+        address = served.address
         args = parser.parse_args(["--retriever", address, "--queries", str(questions), "How do I open a file?",
                                   "--out", str(out), "--top-k", "5", "--workload", "anns"])
         # The command runs its own event loop: give it a thread so this loop keeps serving.

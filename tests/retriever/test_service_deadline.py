@@ -12,12 +12,10 @@ import asyncio
 
 import grpc
 
-from protos import common_pb2, retriever_pb2, retriever_pb2_grpc
-from retriever_svc.service import RetrievalQuery, RetrieverServicer
-from servicekit.config import ServiceConfig
-from servicekit.server import ServiceRunner
+from protos import common_pb2, retriever_pb2
+from retriever_svc.service import RetrievalQuery
+from tests.support.retrievers import serving_retriever
 
-SERVICE = retriever_pb2.DESCRIPTOR.services_by_name["Retriever"].full_name
 PAGE = "x" * (256 * 1024)
 
 
@@ -46,20 +44,12 @@ class EndlessBackend:
 
 async def test_a_deadline_that_passes_while_the_server_writes_still_ends_the_call_with_a_final_chunk() -> None:
     backend = EndlessBackend()
-    runner = ServiceRunner(ServiceConfig(service="endless", port=0, metrics_port=None),
-                           [(retriever_pb2_grpc.add_RetrieverServicer_to_server, RetrieverServicer(backend))],
-                           [SERVICE])
-    port = await runner.start(handle_signals=False)
-    try:
-        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
-            call = retriever_pb2_grpc.RetrieverStub(channel).Retrieve(
-                retriever_pb2.RetrieveRequest(query="anything", top_k=100, deadline_ms=300))
-            await asyncio.sleep(1.5)   # read nothing past the deadline: the server is stuck in a write
-            chunks = [response.chunk async for response in call]
-            assert await call.code() == grpc.StatusCode.OK
+    async with serving_retriever(backend, "endless") as served:
+        call = served.retriever.Retrieve(retriever_pb2.RetrieveRequest(query="anything", top_k=100, deadline_ms=300))
+        await asyncio.sleep(1.5)   # read nothing past the deadline: the server is stuck in a write
+        chunks = [response.chunk async for response in call]
+        assert await call.code() == grpc.StatusCode.OK
         assert chunks[-1].final and not chunks[-1].documents
         assert [c.seq for c in chunks] == list(range(len(chunks)))
         assert not any(c.final for c in chunks[:-1])
         await asyncio.wait_for(backend.closed.wait(), 10)
-    finally:
-        await runner.stop(0)

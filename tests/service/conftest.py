@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.service.inference_harness import RunningInference
+from tests.support.inference import RunningInference
 
 
 @pytest.fixture(scope="module")

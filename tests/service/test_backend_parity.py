@@ -23,15 +23,8 @@ import grpc
 import pytest
 
 from protos import common_pb2, inference_pb2
-from tests.service.inference_harness import (
-    RunningInference,
-    append_msg,
-    collect,
-    finish_msg,
-    open_msg,
-    seg,
-    update_msg,
-)
+from tests.support.inference import RunningInference
+from tests.support.inference_calls import append_msg, collect, finish_msg, open_msg, seg, update_msg
 
 REPO = Path(__file__).resolve().parents[2]
 CONTEXT = 1024                    # --max-model-len on both services (the rule is the same at the model's 8,192)
@@ -61,9 +54,10 @@ def python_for(backend: str) -> str:
 def service(request, embedded_model_dir):
     if request.param == "vllm":
         pytest.importorskip("vllm")
-        from tests.service.inference_vllm_harness import RunningVllmInference
+        from tests.support.inference import InferenceProcess
 
-        running = RunningVllmInference(embedded_model_dir, max_streams=16, extra_args=("--max-model-len", str(CONTEXT)))
+        running = InferenceProcess(embedded_model_dir, backend="vllm", max_streams=16,
+                                   extra_args=("--max-model-len", str(CONTEXT)))
     else:
         running = RunningInference(embedded_model_dir, token_budget=2048, policy="fcfs", max_streams=16,
                                    max_model_len=CONTEXT)

@@ -18,17 +18,8 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from inference_svc.rpc.convert import MAX_REQUEST_ID_CHARS, MAX_SEGMENT_CHARS, MAX_SEGMENTS_PER_MESSAGE
 from protos import common_pb2, inference_pb2
-from tests.service.inference_harness import (
-    Answer,
-    RunningInference,
-    append_msg,
-    collect,
-    finish_msg,
-    open_msg,
-    paced,
-    seg,
-    update_msg,
-)
+from tests.support.inference import RunningInference
+from tests.support.inference_calls import Answer, append_msg, collect, finish_msg, open_msg, paced, seg, update_msg
 
 INVALID = grpc.StatusCode.INVALID_ARGUMENT
 EXHAUSTED = grpc.StatusCode.RESOURCE_EXHAUSTED

@@ -11,8 +11,8 @@ import grpc
 import pytest
 
 from protos import common_pb2, inference_pb2
-from tests.service.inference_harness import (
-    RunningInference,
+from tests.support.inference import RunningInference
+from tests.support.inference_calls import (
     append_msg,
     collect,
     finish_msg,

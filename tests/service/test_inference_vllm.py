@@ -23,8 +23,6 @@ import threading
 import pytest
 
 from protos import common_pb2, inference_pb2
-from tests.service.inference_harness import collect, finish_msg, open_msg
-from tests.service.inference_vllm_harness import RunningVllmInference
 from tests.service.test_inference_bad_input import (  # noqa: F401 - collected and run here
     SMALL_PROMPT,
     assert_healthy,
@@ -52,6 +50,8 @@ from tests.service.test_inference_streaming import (  # noqa: F401 - collected a
     test_twenty_concurrent_mixed_streams_complete_correctly,
     test_update_changing_a_middle_document_answers_like_generate,
 )
+from tests.support.inference import InferenceProcess
+from tests.support.inference_calls import collect, finish_msg, open_msg
 
 pytest.importorskip("vllm")
 pytestmark = pytest.mark.vllm
@@ -61,7 +61,7 @@ pytestmark = pytest.mark.vllm
 def inference(embedded_model_dir):
     # STREAMRAG_VLLM_TEST_POLICY: run the same black-box tests under another policy (default fcfs:
     # our scheduler class; `default`: vLLM's own scheduler)
-    service = RunningVllmInference(embedded_model_dir, max_streams=48,
+    service = InferenceProcess(embedded_model_dir, backend="vllm", max_streams=48,
                                    policy=os.environ.get("STREAMRAG_VLLM_TEST_POLICY", "fcfs"))
     yield service
     service.stop()

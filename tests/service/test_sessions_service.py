@@ -14,7 +14,8 @@ import pytest
 from inference_svc.engine.request import Segment
 from inference_svc.native.sessions import SessionFormat
 from protos import common_pb2, inference_pb2, sessions_pb2, sessions_pb2_grpc
-from tests.service.inference_harness import RunningInference, collect
+from tests.support.inference import RunningInference
+from tests.support.inference_calls import collect
 
 INSTRUCTIONS = "You answer questions about the server log below. Answer briefly."
 LOG = [

@@ -30,8 +30,8 @@ from protos import (
     orchestrator_pb2_grpc,
 )
 from servicekit.config import ServiceConfig
-from tests.service.inference_harness import append_msg, collect, finish_msg, open_msg, paced, seg, update_msg
-from tests.service.inference_vllm_harness import RunningVllmInference
+from tests.support.inference import InferenceProcess
+from tests.support.inference_calls import append_msg, collect, finish_msg, open_msg, paced, seg, update_msg
 from tests.support.redis_server import PrivateRedis
 
 pytest.importorskip("vllm")
@@ -51,14 +51,14 @@ MAX_TOKENS = 24
 
 @pytest.fixture(scope="module")
 def prefill(embedded_model_dir):
-    service = RunningVllmInference(embedded_model_dir, max_streams=8, extra_args=("--role", "prefill"))
+    service = InferenceProcess(embedded_model_dir, backend="vllm", max_streams=8, extra_args=("--role", "prefill"))
     yield service
     service.stop()
 
 
 @pytest.fixture(scope="module")
 def decode(embedded_model_dir):
-    service = RunningVllmInference(embedded_model_dir, max_streams=8, extra_args=("--role", "decode"))
+    service = InferenceProcess(embedded_model_dir, backend="vllm", max_streams=8, extra_args=("--role", "decode"))
     yield service
     service.stop()
 
@@ -169,7 +169,8 @@ def test_decode_replica_stopped_after_relaying_tokens_resumes_here_with_the_same
     max_tokens, stop_after = 48, 4
     want = generate(prefill, HEAD + DOCS + SUFFIX, "reference-resume", max_tokens=max_tokens)
     assert len(want.tokens) > stop_after + 8, "the reference answer is too short to stop the decode replica in it"
-    doomed = RunningVllmInference(embedded_model_dir, max_streams=8, extra_args=("--role", "decode", "--grace", "0"))
+    doomed = InferenceProcess(embedded_model_dir, backend="vllm", max_streams=8,
+                              extra_args=("--role", "decode", "--grace", "0"))
     try:
         messages = [open_msg("pair-resume", HEAD, max_tokens=max_tokens), *(append_msg(d) for d in DOCS),
                     finish_msg(*SUFFIX)]
@@ -204,7 +205,7 @@ def test_decode_replica_failing_after_finish_before_a_token_falls_back_with_the_
     (KV_HANDOFF), then refuses the prompt: the prefill replica submits the whole prompt again here."""
     want = generate(prefill, HEAD + DOCS + SUFFIX, "reference-refused")
     assert want.done.stats.prompt_tokens > 64
-    short = RunningVllmInference(embedded_model_dir, max_streams=8,
+    short = InferenceProcess(embedded_model_dir, backend="vllm", max_streams=8,
                                  extra_args=("--role", "decode", "--max-model-len", "64"))
     try:
         messages = [open_msg("pair-refused", HEAD, max_tokens=MAX_TOKENS), *(append_msg(d) for d in DOCS),

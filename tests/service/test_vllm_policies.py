@@ -19,7 +19,7 @@ from collections.abc import Iterator
 import pytest
 
 from protos import common_pb2, inference_pb2
-from tests.service.inference_harness import collect, finish_msg, open_msg
+from tests.support.inference_calls import collect, finish_msg, open_msg
 
 pytest.importorskip("vllm")
 pytestmark = pytest.mark.vllm
@@ -108,11 +108,11 @@ class Calls:
 
 @pytest.fixture(scope="module", params=["fcfs", "lcas", "default"])
 def service(request, embedded_model_dir):
-    from tests.service.inference_vllm_harness import RunningVllmInference
+    from tests.support.inference import InferenceProcess
 
     # LCAS's starvation bound (5 s by default) is a wall-clock rule: far away here, so that the order
     # the tests see does not depend on how loaded the machine is
-    running = RunningVllmInference(embedded_model_dir, max_streams=16, policy=request.param,
+    running = InferenceProcess(embedded_model_dir, backend="vllm", max_streams=16, policy=request.param,
                                    extra_args=("--token-budget", str(BUDGET), "--lcas-starvation-s", "3600"))
     running.policy = request.param
     yield running

@@ -17,8 +17,8 @@ from __future__ import annotations
 import pytest
 
 from protos import common_pb2, inference_pb2
-from tests.service.inference_harness import collect
 from tests.service.test_vllm_policies import Calls, Timeline, head
+from tests.support.inference_calls import collect
 
 pytest.importorskip("vllm")
 pytestmark = pytest.mark.vllm
@@ -28,9 +28,9 @@ BLOCKS, BLOCK_SIZE, SESSIONS, HEAD = 66, 128, 16, 500
 
 @pytest.fixture(scope="module")
 def service(embedded_model_dir):
-    from tests.service.inference_vllm_harness import RunningVllmInference
+    from tests.support.inference import InferenceProcess
 
-    running = RunningVllmInference(embedded_model_dir, max_streams=32, policy="fcfs",
+    running = InferenceProcess(embedded_model_dir, backend="vllm", max_streams=32, policy="fcfs",
                                    extra_args=("--kv-device-blocks", str(BLOCKS), "--block-size", str(BLOCK_SIZE),
                                                "--token-budget", "256"))
     yield running

@@ -1,62 +1,15 @@
-"""Run the real Inference service on a loopback port (own thread and event loop) and talk to
-it through the generated stubs, as any client would."""
+"""Calls on a running Inference service through the generated stubs, as any client makes them:
+message builders (`open_msg`, `append_msg`, ...), `collect` (an answer's tokens, text, lifecycle and
+done), `paced` and `held_until_all_prefilled`. The service itself: tests/support/inference.py."""
 
 from __future__ import annotations
 
-import asyncio
 import threading
 import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
-from pathlib import Path
 
-import grpc
-
-from inference_svc.engine.engine import EngineConfig
-from inference_svc.engine.factory import EngineSpec
-from inference_svc.native.service import NativeInferenceService
-from protos import common_pb2, inference_pb2, inference_pb2_grpc
-from servicekit.config import ServiceConfig
-
-
-class RunningInference:
-    def __init__(self, model_dir: Path, *, max_streams: int = 64, kv_device_blocks: int = 512,
-                 kv_cpu_blocks: int = 512, dtype: str = "float32", **engine: object) -> None:
-        self.spec = EngineSpec(model_dir=model_dir, dtype=dtype, kv_device_blocks=kv_device_blocks,
-                               kv_cpu_blocks=kv_cpu_blocks, engine=EngineConfig(**engine))
-        self.max_streams = max_streams
-        self.loop = asyncio.new_event_loop()
-        self.thread = threading.Thread(target=self.loop.run_forever, name="inference-test-server", daemon=True)
-        self.thread.start()
-        self.port = asyncio.run_coroutine_threadsafe(self._start(), self.loop).result(timeout=300)
-        self.address = f"127.0.0.1:{self.port}"
-        self.channel = grpc.insecure_channel(self.address)
-        self.stub = inference_pb2_grpc.InferenceStub(self.channel)
-
-    async def _start(self) -> int:
-        self.service = NativeInferenceService(self.spec, ServiceConfig("inference", port=0, metrics_port=0),
-                                        self.max_streams)
-        return await self.service.start(handle_signals=False)
-
-    def stop(self) -> None:
-        self.channel.close()
-        asyncio.run_coroutine_threadsafe(self.service.stop(0), self.loop).result(timeout=30)
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join(timeout=30)
-
-    def stats(self) -> inference_pb2.EngineStats:
-        return self.stub.GetStats(inference_pb2.GetStatsRequest(), timeout=30).stats
-
-    def wait_until_all_blocks_free(self, timeout_s: float = 60.0) -> inference_pb2.EngineStats:
-        """Blocks of aborted requests are freed at the engine's next step: poll until they are."""
-        deadline = time.monotonic() + timeout_s
-        while True:
-            stats = self.stats()
-            if all(p.free_blocks == p.total_blocks for p in stats.pools) and stats.num_active == 0:
-                return stats
-            if time.monotonic() > deadline:
-                raise AssertionError(f"blocks still in use: {stats}")
-            time.sleep(0.05)
+from protos import common_pb2, inference_pb2
 
 
 # --- message builders -------------------------------------------------------------------
