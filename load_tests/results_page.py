@@ -4,8 +4,9 @@ Each section of the page is one claim. Its numbers live in one summary file,
 `docs/results/<section>.json`: exactly the figures the page shows, the command that produced
 them, the machine kind and the seeds, and for each target the reason a miss is a miss. The prose
 that does not come from numbers (what a section measures, the column names) lives in the
-templates of load_tests/results_sections.py, so the page is regenerated, never edited, and its
-prose cannot drift from its rows:
+templates of load_tests/results_sections.py (the page's frame), results_serving.py and
+results_engine.py, so the page is regenerated, never edited, and its prose cannot drift from its
+rows:
 
     streamrag bench report
     streamrag bench report --out /tmp/page.md --no-plots

@@ -4,6 +4,7 @@ measured values. `results_page` renders the sections with these."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Iterator
 from typing import Any
 
@@ -129,15 +130,29 @@ def table(header: Iterable[str], rows: Iterable[str], right: int = 1) -> list[st
 
 def block(run: Node, cells: str = "median (min-max) over seeds") -> list[str]:
     """The command that produced a table, right above it, with the machine and seeds."""
-    runs, command = str(run["seeds"]), str(run["command"]).splitlines()
+    runs, command = str(run["seeds"]), commands(str(run["command"]))
     where = f"Machine: **{run['machine']}**. {'Seeds' if runs[:1].isdigit() else 'Runs'}: {runs}; cells: {cells}."
-    if len(command) == 1 and "`" not in command[0]:           # one command: inline, beside the machine
-        lines = [f"`{command[0]}`. {where}"]
+    if len(command) <= 3 and not any("`" in line for line in command):   # inline, beside the machine
+        lines = ["; ".join(f"`{line}`" for line in command) + f". {where}"]
     else:
         lines = ["```bash", *command, "```", where]
     if run.get("note") is not None:
         lines[-1] += f" {run['note']}"
     return [*lines, ""]
+
+
+def commands(text: str) -> list[str]:
+    """A command block's commands, one a line: a `\\` continuation joined to its command, a line that is
+    only a comment appended to the command above it, two spaces before a comment."""
+    lines: list[str] = []
+    for line in text.splitlines():
+        if lines and lines[-1].endswith("\\"):
+            lines[-1] = f"{lines[-1][:-1].rstrip()} {line.strip()}"
+        elif lines and line.lstrip().startswith("#"):
+            lines[-1] = f"{lines[-1]}   {line.strip()}"
+        else:
+            lines.append(line.rstrip())
+    return [re.sub(r"\s+# ", "  # ", line) for line in lines]
 
 
 def targets(summary: Node) -> list[str]:

@@ -31,6 +31,10 @@ def test_the_page_regenerates_byte_identically_from_the_committed_summaries(tmp_
     assert out.read_bytes() == (DOCS / "results.md").read_bytes()
 
 
+def test_the_page_stays_short() -> None:
+    assert len((DOCS / "results.md").read_text(encoding="utf-8").splitlines()) <= 400
+
+
 def test_every_plot_the_page_shows_is_committed_and_is_written_beside_the_page(tmp_path: Path) -> None:
     page = (DOCS / "results.md").read_text()
     shown = re.findall(r"!\[[^\]]*\]\((results/[^)]+\.png)\)", page)
