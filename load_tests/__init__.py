@@ -8,6 +8,6 @@ and min-max spread over them, flag types, `--json` and plots. Beside them: the t
 `replay_seeds.py`, the paper's steps in `paper.py`), the soak under faults (`chaos/`), sessions
 (`sessions/`), locust load tests (`locustfile.py`, `locust_gateway.py`), and the results page
 (`results_page.py`; the sections in `results_sections.py`, `results_serving.py`, `results_engine.py`;
-`results_summary.py`, `results_plots.py`: `streamrag
-bench report` regenerates it from `docs/results/*.json`).
+`results_summary.py`, `results_plots.py`: `streamrag bench report` regenerates it from
+`docs/results/*.json`).
 """
