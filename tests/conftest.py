@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from tests.support.redis_server import PrivateRedis
+from tests.support.stack import run_dir  # noqa: F401 - the fixture, for every suite
 from tests.support.tiny_corpus import build_tiny_corpus
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -67,6 +68,14 @@ def redis_server(tmp_path: Path) -> Iterator[PrivateRedis]:
 def tiny_corpus(tmp_path: Path) -> Path:
     """A directory with five linked HTML pages (see tests/support/tiny_corpus.py)."""
     return build_tiny_corpus(tmp_path / "site")
+
+
+@pytest.fixture(scope="module")
+def tiny_index(tmp_path_factory) -> Path:
+    """The tiny corpus's index (five passages, under `.parent / "site"`), built once per test module."""
+    from tests.retriever import build_tiny_index
+
+    return build_tiny_index(tmp_path_factory.mktemp("tiny"))
 
 
 @pytest.fixture(scope="session")

@@ -13,37 +13,12 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from streamrag.stack import processes, state
-from tests.test_stack import processes_in
-
-STREAMRAG = Path(sys.executable).with_name("streamrag")
-
-
-@pytest.fixture
-def run_dir(tmp_path: Path):
-    """Whatever a failed run left there is stopped afterwards (supervisor first, then every service)."""
-    directory = (tmp_path / "run").resolve()
-    yield directory
-    recorded = state.read_state(directory)
-    if recorded is not None and recorded.supervisor is not None and processes.is_running(recorded.supervisor):
-        os.kill(recorded.supervisor.pid, signal.SIGKILL)
-    for pid in processes_in(directory):
-        os.killpg(pid, signal.SIGCONT)
-        os.kill(pid, signal.SIGKILL)
-
-
-@pytest.fixture(scope="module")
-def tiny_index(tmp_path_factory) -> Path:
-    from tests.retriever import build_tiny_index
-
-    return build_tiny_index(tmp_path_factory.mktemp("tiny"))
+from tests.support.stack import STREAMRAG, processes_in
 
 
 @pytest.mark.timeout(1500)

@@ -1,6 +1,6 @@
 """The prefill side's state machine both backends share (`kv_transfer/handoff.PrefillHandOff`), over
 recording hooks: what is shipped, and what a failed transfer falls back to in each state. No engine,
-no server: the pair tests (test_transfer.py, tests/service/test_vllm_disagg.py) run it for real."""
+no server: the pair tests (test_transfer.py, test_vllm_disagg.py) run it for real."""
 
 from __future__ import annotations
 

@@ -14,11 +14,3 @@ def corpus(tiny_corpus: Path):
 
     with CorpusServer(tiny_corpus) as server:
         yield server
-
-
-@pytest.fixture(scope="module")
-def tiny_index(tmp_path_factory) -> Path:
-    """The tiny corpus's index (five passages), built once per test module (a module may define its own)."""
-    from tests.retriever import build_tiny_index
-
-    return build_tiny_index(tmp_path_factory.mktemp("collections-tiny"))

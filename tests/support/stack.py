@@ -152,7 +152,7 @@ def replicas_behind_an_orchestrator(model_dir: Path, root: Path, roles: tuple[st
 STREAMRAG = Path(sys.executable).with_name("streamrag")
 
 
-def streamrag(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+def streamrag(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
     """The console script, as a user runs it (offline)."""
     return subprocess.run([str(STREAMRAG), *args], capture_output=True, text=True, timeout=timeout,
                           env=dict(os.environ, HF_HUB_OFFLINE="1"))

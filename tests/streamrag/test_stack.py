@@ -28,50 +28,13 @@ from servicekit import health
 from servicekit.auth import keyed_channel
 from streamrag.cli import build_parser
 from streamrag.stack import commands, plan, processes, state, supervisor
+from tests.support.stack import STREAMRAG, processes_in, streamrag
 
-STREAMRAG = Path(sys.executable).with_name("streamrag")
 SERVICES = {"redis", "corpus", "anns", "crawler", "inference-0", "orchestrator", "gateway"}
 
 
 def orchestrator_of(services):
     return next(s for s in services if s.name == "orchestrator")
-
-
-def streamrag(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
-    return subprocess.run([str(STREAMRAG), *args], capture_output=True, text=True, timeout=timeout,
-                          env=dict(os.environ, HF_HUB_OFFLINE="1"))
-
-
-def processes_in(run_dir: Path) -> list[int]:
-    """Live processes whose working directory is `run_dir` (every service `up` starts runs there)."""
-    found = []
-    for proc in Path("/proc").iterdir():
-        if proc.name.isdigit():
-            try:
-                if Path(os.readlink(proc / "cwd")) == run_dir and processes.process_start_ticks(int(proc.name)):
-                    found.append(int(proc.name))
-            except OSError:
-                continue
-    return found
-
-
-@pytest.fixture
-def run_dir(tmp_path: Path):
-    """A run directory; whatever a failed test left running there is stopped afterwards (supervisor first)."""
-    directory = (tmp_path / "run").resolve()
-    yield directory
-    recorded = state.read_state(directory)
-    if recorded is not None and recorded.supervisor is not None and processes.is_running(recorded.supervisor):
-        os.kill(recorded.supervisor.pid, signal.SIGKILL)
-    for pid in processes_in(directory):
-        os.kill(pid, signal.SIGKILL)
-
-
-@pytest.fixture(scope="module")
-def tiny_index(tmp_path_factory) -> Path:
-    from tests.retriever import build_tiny_index
-
-    return build_tiny_index(tmp_path_factory.mktemp("tiny"))
 
 
 def up_tiny_stack(run_dir: Path, tiny_index: Path) -> list[str]:

@@ -7,7 +7,7 @@ token, or stops after relaying tokens makes the prefill replica decode (the rest
 same answer; the orchestrator pairs the two replicas by the roles they report, as it pairs native
 ones.
 
-    /opt/vllm-venv/bin/python -m pytest --run-vllm -m vllm tests/service/test_vllm_disagg.py
+    /opt/vllm-venv/bin/python -m pytest --run-vllm -m vllm tests/disagg/test_vllm_disagg.py
 """
 
 from __future__ import annotations

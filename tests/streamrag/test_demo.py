@@ -7,12 +7,8 @@ temporary run directory).
 
 from __future__ import annotations
 
-import os
 import re
-import signal
 import socket
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -20,14 +16,8 @@ import pytest
 from protos import common_pb2
 from retriever_svc.trace import read_trace
 from streamrag.ask import source_line, unique_sources
-from streamrag.stack import processes, state
-
-STREAMRAG = Path(sys.executable).with_name("streamrag")
-
-
-def streamrag(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
-    return subprocess.run([str(STREAMRAG), *args], capture_output=True, text=True, timeout=timeout,
-                          env=dict(os.environ, HF_HUB_OFFLINE="1"))
+from streamrag.stack import state
+from tests.support.stack import streamrag
 
 
 def test_each_page_is_listed_once_with_how_many_of_its_passages_were_used():
@@ -54,20 +44,12 @@ def replayed_chunks(output: str) -> list[int]:
 
 
 @pytest.fixture
-def tiny_stack(tmp_path: Path):
-    from tests.retriever import build_tiny_index
-
-    index = build_tiny_index(tmp_path / "tiny")
-    run_dir = (tmp_path / "run").resolve()
-    up = streamrag("up", "--run-dir", str(run_dir), "--free-ports", "--corpus-root", str(index.parent / "site"),
-                   "--index", str(index), "--timeout", "240")
+def tiny_stack(tiny_index: Path, run_dir: Path):
+    up = streamrag("up", "--run-dir", str(run_dir), "--free-ports", "--corpus-root", str(tiny_index.parent / "site"),
+                   "--index", str(tiny_index), "--timeout", "240")
     assert up.returncode == 0, up.stdout + up.stderr
     yield run_dir
     streamrag("down", "--run-dir", str(run_dir))
-    recorded = state.read_state(run_dir)
-    for service in ([recorded.supervisor, *recorded.services] if recorded else []):
-        if service is not None and service.argv and processes.is_running(service):
-            os.kill(service.pid, signal.SIGKILL)
 
 
 def test_the_demo_replays_one_retrieval_twice_each_on_a_cold_cache(tiny_stack: Path):

@@ -21,7 +21,7 @@ from protos import inference_pb2, inference_pb2_grpc
 from servicekit.config import ServiceConfig, add_service_args, service_config_from_args
 from servicekit.server import ServiceRunner
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 INFERENCE = inference_pb2.DESCRIPTOR.services_by_name["Inference"].full_name
 
 

@@ -5,7 +5,7 @@ Fast, no Docker engine needed: the file is parsed with PyYAML and checked servic
 every command a container runs goes through the real CLI parser, and the Dockerfiles are
 checked for what lets them build without a registry. `docker-compose config` (v1) and
 `docker compose config` (v2) run where installed. The stack itself, built and run, is the
-opt-in suite in tests/compose/ (`--run-compose`).
+opt-in modules beside this one (`--run-compose`).
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from retriever_svc.server_args import add_retriever_args
 from servicekit import health
 from streamrag.stack import commands, plan
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 COMPOSE = ROOT / "compose"
 SERVICES = {"redis", "corpus", "anns", "crawler", "inference-0", "inference-1", "orchestrator", "orchestrator-1",
             "gateway"}

@@ -1,0 +1,2 @@
+"""The user's side (streamrag/): the CLI's command table, `streamrag up | status | down` and its
+supervisor, the demo."""
