@@ -270,7 +270,7 @@ def transformers_decode_ms(model, batch: int, context: int, steps: int, device: 
         model.generate(prompt, max_new_tokens=n, min_new_tokens=n, do_sample=False, pad_token_id=0)
 
     with torch.inference_mode():
-        return (timed_ms(lambda: gen(steps + 1), device, 1) - timed_ms(lambda: gen(1), device, 1)) / steps
+        return (timed_ms(lambda: gen(steps + 1), device, 2) - timed_ms(lambda: gen(1), device, 2)) / steps
 
 
 # --- streaming -----------------------------------------------------------------------------
