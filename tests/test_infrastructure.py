@@ -1,4 +1,5 @@
-"""The test infrastructure itself: private Redis, the tiny corpus, the CLI's command list."""
+"""The test infrastructure itself: private Redis, the tiny corpus, the CLI's command list, and the service
+runners' one readiness rule (tests/support/serving.py)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import redis
+
+from tests.support.gateway import GatewayProcess
+from tests.support.serving import ChildProcess, wait_serving
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -40,3 +45,16 @@ def test_cli_reports_an_unknown_command_without_a_traceback():
                           capture_output=True, text=True)
     assert proc.returncode == 2
     assert "invalid choice" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_a_runner_is_ready_when_its_health_says_so_and_says_why_when_it_exits_first(tmp_path: Path):
+    gateway = GatewayProcess("127.0.0.1:1", tmp_path / "gateway.log")     # no orchestrator: /health still serves
+    try:
+        wait_serving(f"{gateway.base_url}/health", check="http", timeout_s=5)
+    finally:
+        gateway.stop()
+    assert gateway.process.returncode is not None
+    doomed = ChildProcess([sys.executable, "-c", "print('bye')"], "127.0.0.1:1", tmp_path / "doomed.log", what="doomed")
+    with pytest.raises(RuntimeError, match="doomed: exited with 0") as caught:
+        doomed.start()
+    assert "bye" in str(caught.value)

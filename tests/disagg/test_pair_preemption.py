@@ -9,9 +9,9 @@ from __future__ import annotations
 import pytest
 
 from protos.metadata import DECODE_TARGET_KEY
-from tests.disagg.test_transfer import DOCS, HEAD, SUFFIX, check_pool, generate
+from tests.disagg.test_transfer import check_pool, generate
 from tests.support.inference import RunningInference
-from tests.support.inference_calls import held_until_all_prefilled
+from tests.support.inference_calls import DOCS, HEAD, SUFFIX, held_until_all_prefilled
 
 POOL = dict(kv_device_blocks=14, kv_cpu_blocks=64, token_budget=32, policy="lcas", enable_prefix_cache=False,
             max_streams=16)

@@ -7,10 +7,10 @@ from __future__ import annotations
 import pytest
 
 from protos.metadata import DECODE_TARGET_KEY
-from tests.disagg.test_transfer import DOCS, HEAD, SUFFIX, generate, kinds
+from tests.disagg.test_transfer import generate, kinds
 from tests.support.gateway import make_certs, tls_files
 from tests.support.inference import RunningInference
-from tests.support.inference_calls import append_msg, collect, finish_msg, open_msg, paced
+from tests.support.inference_calls import DOCS, HEAD, SUFFIX, append_msg, collect, finish_msg, open_msg, paced
 
 
 def tls_replica(model_dir, certs, name: str, **options) -> RunningInference:

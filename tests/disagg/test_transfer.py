@@ -5,7 +5,6 @@ decode itself with the same answer; bad transfers get their status; no block lea
 
 from __future__ import annotations
 
-import asyncio
 import re
 import time
 
@@ -19,16 +18,19 @@ from inference_svc.engine.sampler import SamplingParams
 from inference_svc.kv_transfer.wire import DECODE_TARGET_KEY, layout_to_proto
 from protos import common_pb2, inference_pb2, kv_transfer_pb2, kv_transfer_pb2_grpc
 from tests.support.inference import RunningInference
-from tests.support.inference_calls import append_msg, collect, finish_msg, open_msg, paced, seg, update_msg
+from tests.support.inference_calls import (
+    DOCS,
+    HEAD,
+    OTHER,
+    SUFFIX,
+    append_msg,
+    collect,
+    finish_msg,
+    open_msg,
+    paced,
+    update_msg,
+)
 
-HEAD = [seg("<|im_start|>user\nQuestion: how do I read a file in Python?\nDocuments:\n")]
-DOCS = [
-    seg("[files] Use open() to read a file; the with statement closes it for you.\n", "files"),
-    seg("[lists] A list is a mutable sequence; append() adds an item at the end.\n", "lists"),
-    seg("[io] read() returns the whole content and readline() returns one line.\n", "io"),
-]
-OTHER = seg("[dicts] A dict maps keys to values; get() returns a default.\n", "dicts")
-SUFFIX = [seg("<|im_end|>\n<|im_start|>assistant\n")]
 KIND = "LIFECYCLE_EVENT_KIND_"
 
 
@@ -72,7 +74,7 @@ def check_pool(service):
         engine.scheduler.kv.check_invariants()
         return engine.scheduler.pools()[0].num_free, engine.scheduler.pools()[0].num_blocks
 
-    free, total = asyncio.run_coroutine_threadsafe(service.service.thread.call(check), service.loop).result(30)
+    free, total = service.run(service.service.thread.call(check), 30)
     assert free == total
 
 
@@ -116,7 +118,7 @@ def test_update_invalidates_on_both_sides_and_answers_like_generate(prefill, dec
 
 
 def _call(service, fn):
-    return asyncio.run_coroutine_threadsafe(service.service.thread.call(fn), service.loop).result(60)
+    return service.run(service.service.thread.call(fn), 60)
 
 
 def test_a_partly_filled_last_block_is_sent_and_completed_by_the_next_chunk(prefill, decode):
@@ -237,8 +239,8 @@ def test_bad_transfers_get_their_status(decode):
 
 
 def test_decode_replica_killed_mid_stream_falls_back_with_the_same_answer(prefill, embedded_model_dir):
-    doomed = RunningInference(embedded_model_dir, token_budget=256, max_streams=16, kv_device_blocks=256,
-                              kv_cpu_blocks=64)
+    doomed = RunningInference(embedded_model_dir, role="both", token_budget=256, max_streams=16,
+                              kv_device_blocks=256, kv_cpu_blocks=64)
     try:
         want = generate(prefill.stub, HEAD + DOCS + SUFFIX, "reference-fallback")
 
@@ -249,7 +251,7 @@ def test_decode_replica_killed_mid_stream_falls_back_with_the_same_answer(prefil
             while doomed.service.kv_transfer.calls == 0 and time.monotonic() < deadline:
                 time.sleep(0.02)
             time.sleep(0.3)                                    # the first chunk has been shipped
-            asyncio.run_coroutine_threadsafe(doomed.service.runner.stop(0), doomed.loop).result(30)
+            doomed.run(doomed.service.runner.stop(0), 30)
             for doc in DOCS[1:]:
                 yield append_msg(doc)
             yield finish_msg(*SUFFIX)
@@ -273,14 +275,12 @@ def test_decode_replica_killed_mid_stream_falls_back_with_the_same_answer(prefil
             assert time.monotonic() < deadline, (ids, free)
             time.sleep(0.05)
     finally:
-        doomed.channel.close()
-        asyncio.run_coroutine_threadsafe(doomed.service.stop(0), doomed.loop).result(30)
-        doomed.loop.call_soon_threadsafe(doomed.loop.stop)
+        doomed.stop()
 
 
 def test_decode_replica_killed_after_the_hand_off_falls_back_with_the_same_answer(prefill, embedded_model_dir):
-    doomed = RunningInference(embedded_model_dir, token_budget=256, max_streams=16, kv_device_blocks=256,
-                              kv_cpu_blocks=64)
+    doomed = RunningInference(embedded_model_dir, role="both", token_budget=256, max_streams=16,
+                              kv_device_blocks=256, kv_cpu_blocks=64)
     try:
         want = generate(prefill.stub, HEAD + DOCS + SUFFIX, "reference-late", max_tokens=32)
         messages = [open_msg("pair-late", HEAD, max_tokens=32), *(append_msg(d) for d in DOCS), finish_msg(*SUFFIX)]
@@ -290,9 +290,7 @@ def test_decode_replica_killed_after_the_hand_off_falls_back_with_the_same_answe
         assert "KV_HANDOFF" in events and "KV_TRANSFER_FALLBACK" in events
         check_pool(prefill)
     finally:
-        doomed.channel.close()
-        asyncio.run_coroutine_threadsafe(doomed.service.stop(0), doomed.loop).result(30)
-        doomed.loop.call_soon_threadsafe(doomed.loop.stop)
+        doomed.stop()
 
 
 def collect_until_tokens(prefill, doomed, messages, kill_after):
@@ -307,7 +305,7 @@ def collect_until_tokens(prefill, doomed, messages, kill_after):
             if response.event.WhichOneof("kind") == "token":
                 seen += 1
                 if seen == kill_after:
-                    asyncio.run_coroutine_threadsafe(doomed.service.runner.stop(0), doomed.loop).result(30)
+                    doomed.run(doomed.service.runner.stop(0), 30)
             yield response
 
     return collect(watched())

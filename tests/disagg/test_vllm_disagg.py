@@ -31,20 +31,28 @@ from protos import (
 )
 from servicekit.config import ServiceConfig
 from tests.support.inference import InferenceProcess
-from tests.support.inference_calls import append_msg, collect, finish_msg, open_msg, paced, seg, update_msg
+from tests.support.inference_calls import (
+    HEAD,
+    SUFFIX,
+    append_msg,
+    collect,
+    finish_msg,
+    open_msg,
+    paced,
+    seg,
+    update_msg,
+)
 from tests.support.redis_server import PrivateRedis
 
 pytest.importorskip("vllm")
 pytestmark = pytest.mark.vllm
 
-HEAD = [seg("<|im_start|>user\nQuestion: how do I read a file in Python?\nDocuments:\n")]
-DOCS = [
+DOCS = [          # longer than tests/support/inference_calls.DOCS
     seg("[files] Use open() to read a file; the with statement closes it for you when the block ends.\n", "files"),
     seg("[lists] A list is a mutable sequence; append() adds an item at the end, pop() removes one.\n", "lists"),
     seg("[io] read() returns the whole content, readline() returns one line and readlines() all of them.\n", "io"),
 ]
 OTHER = seg("[dicts] A dict maps keys to values; get() returns a default when the key is missing.\n", "dicts")
-SUFFIX = [seg("<|im_end|>\n<|im_start|>assistant\n")]
 KIND = "LIFECYCLE_EVENT_KIND_"
 MAX_TOKENS = 24
 

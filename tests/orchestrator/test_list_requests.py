@@ -16,7 +16,7 @@ from servicekit.auth import keyed_channel
 from streamrag import cli
 from streamrag.stack.plan import Service
 from streamrag.stack.state import StackState, write_state
-from tests.support.orchestrator_process import OrchestratorProcess
+from tests.support.orchestrator import OrchestratorProcess
 from tests.support.redis_server import PrivateRedis, free_port
 
 KEY = "sk-list-requests-test"

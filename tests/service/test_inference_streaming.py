@@ -13,6 +13,10 @@ import pytest
 from protos import common_pb2, inference_pb2
 from tests.support.inference import RunningInference
 from tests.support.inference_calls import (
+    DOCS,
+    HEAD,
+    OTHER,
+    SUFFIX,
     append_msg,
     collect,
     finish_msg,
@@ -22,16 +26,6 @@ from tests.support.inference_calls import (
     seg,
     update_msg,
 )
-
-HEAD = [seg("<|im_start|>user\nQuestion: how do I read a file in Python?\nDocuments:\n")]
-DOCS = [
-    seg("[files] Use open() to read a file; the with statement closes it for you.\n", "files"),
-    seg("[lists] A list is a mutable sequence; append() adds an item at the end.\n", "lists"),
-    seg("[io] read() returns the whole content and readline() returns one line.\n", "io"),
-]
-OTHER = seg("[dicts] A dict maps keys to values; get() returns a default.\n", "dicts")
-SUFFIX = [seg("<|im_end|>\n<|im_start|>assistant\n")]
-
 
 PARIS = [seg("<|im_start|>user\nWhat is the capital of France? Answer in one sentence.<|im_end|>\n"
              "<|im_start|>assistant\n")]

@@ -87,6 +87,10 @@ class RunningInference(InferenceClient):
             self.service.runner.tls = self.tls         # as `streamrag serve inference --tls-*` sets it
         return await self.service.start(handle_signals=False)
 
+    def run(self, coro, timeout_s: float = 60):
+        """Run a coroutine on the service's loop (its server and engine thread live there)."""
+        return self.host.run(coro, timeout_s)
+
     def stop(self) -> None:
         """Stop serving (a replica that goes away); a second call does nothing."""
         if self.host.alive:

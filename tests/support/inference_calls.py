@@ -17,6 +17,18 @@ def seg(text: str, key: str = "") -> common_pb2.Segment:
     return common_pb2.Segment(text=text, key=key)
 
 
+# A streamed RAG prompt in pieces: the question, three documents (each its own key), one more to swap
+# in, and the assistant's turn.
+HEAD = [seg("<|im_start|>user\nQuestion: how do I read a file in Python?\nDocuments:\n")]
+DOCS = [
+    seg("[files] Use open() to read a file; the with statement closes it for you.\n", "files"),
+    seg("[lists] A list is a mutable sequence; append() adds an item at the end.\n", "lists"),
+    seg("[io] read() returns the whole content and readline() returns one line.\n", "io"),
+]
+OTHER = seg("[dicts] A dict maps keys to values; get() returns a default.\n", "dicts")
+SUFFIX = [seg("<|im_end|>\n<|im_start|>assistant\n")]
+
+
 def open_msg(request_id: str, segments: Iterable[common_pb2.Segment] = (), max_tokens: int = 8,
              **sampling: object) -> inference_pb2.StreamPromptRequest:
     params = common_pb2.SamplingParams(max_tokens=max_tokens, **sampling)
