@@ -12,7 +12,6 @@ ones.
 
 from __future__ import annotations
 
-import asyncio
 import threading
 import time
 
@@ -20,16 +19,13 @@ import grpc
 import pytest
 
 from inference_svc.kv_transfer.wire import DECODE_TARGET_KEY
-from orchestrator.server import OrchestratorService
 from protos import (
     common_pb2,
     inference_pb2,
     kv_transfer_pb2,
     kv_transfer_pb2_grpc,
     orchestrator_pb2,
-    orchestrator_pb2_grpc,
 )
-from servicekit.config import ServiceConfig
 from tests.support.inference import InferenceProcess
 from tests.support.inference_calls import (
     HEAD,
@@ -42,6 +38,7 @@ from tests.support.inference_calls import (
     seg,
     update_msg,
 )
+from tests.support.orchestrator import RunningOrchestrator
 from tests.support.redis_server import PrivateRedis
 
 pytest.importorskip("vllm")
@@ -230,23 +227,10 @@ def test_decode_replica_failing_after_finish_before_a_token_falls_back_with_the_
 
 def test_the_orchestrator_pairs_vllm_replicas_by_role(prefill, decode, tmp_path):
     redis = PrivateRedis(tmp_path)
-    loop = asyncio.new_event_loop()
-    thread = threading.Thread(target=loop.run_forever, daemon=True)
-    thread.start()
-
-    def run(coro):
-        return asyncio.run_coroutine_threadsafe(coro, loop).result(120)
-
-    async def start():
-        service = OrchestratorService(ServiceConfig("orchestrator", port=0, metrics_port=None, grace_s=0),
-                                      redis_url=redis.url, inference=[decode.address, prefill.address],
-                                      retrievers={}, router_refresh_s=0.2)
-        return service, await service.start(handle_signals=False)
-
-    service, port = run(start())
-    channel = grpc.insecure_channel(f"127.0.0.1:{port}")
+    orchestrator = None
     try:
-        stub = orchestrator_pb2_grpc.OrchestratorStub(channel)
+        orchestrator = RunningOrchestrator(redis.url, [decode.address, prefill.address], router_refresh_s=0.2)
+        stub, service = orchestrator.stub, orchestrator.service
         deadline = time.monotonic() + 60
         while not all(r.stats is not None and r.stats.role for r in service.router.replicas):
             assert time.monotonic() < deadline, "the router never saw the roles"
@@ -259,10 +243,8 @@ def test_the_orchestrator_pairs_vllm_replicas_by_role(prefill, decode, tmp_path)
         assert "KV_HANDOFF" in events and "KV_TRANSFER_FALLBACK" not in events
         assert events.index("KV_HANDOFF") < events.index("FIRST_TOKEN")
     finally:
-        channel.close()
-        run(service.stop(0))
-        loop.call_soon_threadsafe(loop.stop)
-        thread.join(30)
+        if orchestrator is not None:
+            orchestrator.stop()
         redis.stop()
     prefill.wait_until_all_blocks_free()
     decode.wait_until_all_blocks_free()

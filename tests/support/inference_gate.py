@@ -18,6 +18,7 @@ import grpc
 from protos import inference_pb2, inference_pb2_grpc
 from servicekit.config import ServiceConfig
 from servicekit.server import ServiceRunner
+from tests.support.serving import LoopThread, wait_serving
 
 INFERENCE = inference_pb2.DESCRIPTOR.services_by_name["Inference"].full_name
 
@@ -61,14 +62,14 @@ class InferenceGate:
         self.hold_at: int | None = None
         self.held = threading.Event()           # set once a call is held
         self.held_peer = ""                     # the held call's caller ("ipv4:127.0.0.1:PORT")
-        self.loop = asyncio.new_event_loop()
-        self.thread = threading.Thread(target=self.loop.run_forever, name="inference-gate", daemon=True)
-        self.thread.start()
+        self.host = LoopThread("inference-gate")
+        self.loop, self.thread = self.host.loop, self.host.thread
         self.port = self._run(self._start())
         self.address = f"127.0.0.1:{self.port}"
+        wait_serving(self.address, what="inference gate")
 
     def _run(self, coro, timeout: float = 60):
-        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
+        return self.host.run(coro, timeout)
 
     async def _start(self) -> int:
         self.channel = grpc.aio.insecure_channel(self.replica)
@@ -106,8 +107,7 @@ class InferenceGate:
             call.cancel()
 
     def stop(self) -> None:
-        if self.thread.is_alive():
+        if self.host.alive:
             self._run(self.runner.stop(0))
             self._run(self.channel.close())
-            self.loop.call_soon_threadsafe(self.loop.stop)
-            self.thread.join(30)
+            self.host.close()
