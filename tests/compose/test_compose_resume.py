@@ -192,10 +192,10 @@ def test_a_streamed_answer_survives_the_sigkill_of_the_orchestrator_serving_it(s
     resumed = [e.get("fields", {}) for e in record.get("events", []) if e["kind"] == "RESUMED"]
     assert len(resumed) == 1, record
     tokens_at_resume = int(resumed[0]["tokens"])
-    assert KILL_AFTER <= tokens_at_resume < reference.usage.completion_tokens, (resumed, got_at_kill)
-    assert f"{chat.request_id}: resuming after" in stack.logs(survivor)
     print(f"\n{victim} killed with {got_at_kill} deltas at the client; {survivor} resumed after "
           f"{tokens_at_resume} of {reference.usage.completion_tokens} tokens", flush=True)
+    assert KILL_AFTER <= tokens_at_resume < reference.usage.completion_tokens, (resumed, got_at_kill)
+    assert f"{chat.request_id}: resuming after" in stack.logs(survivor)
     assert f"{chat.request_id}: resuming after" not in stack.logs(victim)
 
     # one answer, the fault-free one: no delta repeated, none missing
