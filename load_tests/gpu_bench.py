@@ -4,8 +4,9 @@ Reports, in one JSON (the keys of design section 10 first):
 - the machine: the card, torch and Triton, and in the same run bf16 matmul TFLOP/s and HBM copy TB/s;
 - exactness in fp32 (the 135M shape): streamed appends, a replaced middle document, preemption by
   recompute and by swap give the tokens of one-shot Generate; chunked logits within 1e-3 of SDPA's;
-- prefill MFU (the 8B shape, bf16) one shot and in 512-token chunks at 2k and 8k tokens (and 512 one
-  shot), against transformers' forward in the same run; MFU is against the matmul rate measured here;
+- prefill MFU (the 8B shape, bf16) one shot and in 512-token chunks at 512, 2k and 8k tokens, beside
+  transformers' forward (one shot and chunked over its cache) in the same run, timed by
+  prefill_bench.time_prefill; MFU is against the matmul rate measured here;
 - decode step ms through the Engine at concurrency 1, 16 and 64 over 1,024-token prompts: the first
   pass over new context lengths ("fresh") and a second over the same lengths ("repeated"), against the
   roofline (the weights plus the KV read per step, at the measured copy rate) and transformers'
@@ -44,11 +45,11 @@ def _plan(small: bool) -> dict:
     import torch
 
     if small:
-        return dict(shape="tiny", exact_shape="tiny", dtype=torch.float32, prefill=[(128, None), (128, 32)],
+        return dict(shape="tiny", exact_shape="tiny", dtype=torch.float32, prefill=(128,), prefill_chunk=32,
                     context=48, concurrency=[1, 4], steps=3, head=16, doc=32, docs=4, blocks=256, runs=1,
                     exact_doc=16, matmul_n=512, copy_mib=64)
     return dict(shape="llama-3.1-8b", exact_shape="smollm2-135m", dtype=torch.bfloat16,
-                prefill=[(512, None), (2048, None), (2048, 512), (8192, None), (8192, 512)], context=1024,
+                prefill=(512, 2048, 8192), prefill_chunk=512, context=1024,
                 concurrency=[1, 16, 64], steps=16, head=HEAD_TOKENS, doc=DOC_TOKENS, docs=NUM_DOCS, blocks=6144, runs=3,
                 exact_doc=200, matmul_n=8192, copy_mib=2048)
 

@@ -24,6 +24,7 @@ from inference_svc.engine.options import default_token_budget
 from inference_svc.engine.request import Segment
 from inference_svc.engine.sampler import SamplingParams
 from inference_svc.engine.tokenization import SegmentTokenizer
+from load_tests.prefill_bench import seconds_of, time_prefill
 
 BLOCK = 16
 T = TypeVar("T")
@@ -39,22 +40,10 @@ class _IdsOnly:
         return ""
 
 
-def sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 def timed_ms(fn: Callable[[], object], device: torch.device, repeats: int = 3) -> float:
     """Best of ``repeats`` wall times of ``fn`` (after one warm-up run), the device's work included."""
     fn()
-    best = float("inf")
-    for _ in range(repeats):
-        sync(device)
-        start = time.perf_counter()
-        fn()
-        sync(device)
-        best = min(best, (time.perf_counter() - start) * 1e3)
-    return best
+    return min(seconds_of(fn, device) for _ in range(repeats)) * 1e3
 
 
 def ids(rng: random.Random, n: int, vocab: int) -> tuple[int, ...]:
@@ -204,19 +193,6 @@ def model_flops(config: ModelConfig, tokens: int) -> float:
     return 2 * config.num_layers * per_layer * tokens + 2 * config.num_layers * h * d * tokens * tokens
 
 
-def prefill_ms(runner: ModelRunner, tokens: int, chunk: int | None, rng: random.Random) -> float:
-    prompt = list(ids(rng, tokens, runner.config.vocab_size))
-    table = list(range(-(-tokens // BLOCK)))
-    step = chunk or tokens
-
-    def run() -> None:
-        for start in range(0, tokens, step):
-            piece = prompt[start:start + step]
-            runner.execute([ChunkInput(piece, start, table, start + len(piece) == tokens)])
-
-    return timed_ms(run, runner.device, repeats=2)
-
-
 def transformers_model(config: ModelConfig, device: torch.device, dtype: torch.dtype):
     """transformers' own Llama of the same shape, random weights (the baseline a user would reach for)."""
     from transformers import LlamaForCausalLM
@@ -229,12 +205,6 @@ def transformers_model(config: ModelConfig, device: torch.device, dtype: torch.d
     finally:
         torch.set_default_dtype(default)
     return model.eval().requires_grad_(False)
-
-
-def transformers_prefill_ms(model, tokens: int, device: torch.device, rng: random.Random) -> float:
-    prompt = torch.tensor([ids(rng, tokens, model.config.vocab_size)], device=device)
-    with torch.inference_mode():
-        return timed_ms(lambda: model(prompt, logits_to_keep=1), device, repeats=2)
 
 
 # --- decode --------------------------------------------------------------------------------
@@ -332,17 +302,29 @@ def _sig(x: float) -> float:
 
 
 def prefill_section(runner, hf, config, plan: dict, tflops: float, say) -> list[dict]:
+    """Prefill MFU one shot and in chunks, ours beside transformers' forward (prefill_bench.time_prefill)."""
+    lengths, chunk = plan["prefill"], plan["prefill_chunk"]
+    results = baseline(lambda: time_prefill(runner, hf, prompt_lengths=lengths, chunk_tokens=chunk, repeats=2,
+                                            progress=None))
+    failed = None
+    if isinstance(results, str):   # transformers' side failed: ours alone, and why
+        failed, results = results, time_prefill(runner, None, prompt_lengths=lengths, chunk_tokens=chunk,
+                                                repeats=2, progress=None)
+    theirs = {(r.prompt_tokens, r.chunk_tokens): r.seconds for r in results if r.engine == "transformers"}
     rows = []
-    rng = random.Random(1)
-    for tokens, chunk in plan["prefill"]:
-        ms = prefill_ms(runner, tokens, chunk, rng)
-        flops = model_flops(config, tokens)
-        row = {"tokens": tokens, "chunk": chunk, "ms": round(ms, 2), "mfu": round(flops / (ms * 1e9) / tflops, 3)}
-        if hf is not None and chunk is None:
-            hf_ms = baseline(lambda n=tokens: transformers_prefill_ms(hf, n, runner.device, rng))
-            row["transformers_mfu"] = hf_ms if isinstance(hf_ms, str) else round(flops / (hf_ms * 1e9) / tflops, 3)
+    for r in results:
+        if r.engine != "streamrag":
+            continue
+        flops = model_flops(config, r.prompt_tokens)
+        row = {"tokens": r.prompt_tokens, "chunk": r.chunk_tokens, "ms": round(r.seconds * 1e3, 2),
+               "mfu": round(flops / (r.seconds * 1e12) / tflops, 3)}
+        key = (r.prompt_tokens, r.chunk_tokens)
+        if key in theirs:
+            row["transformers_mfu"] = round(flops / (theirs[key] * 1e12) / tflops, 3)
+        elif failed is not None:
+            row["transformers_mfu"] = failed
         rows.append(row)
-        say(f"prefill {tokens} tokens, chunk {chunk}: {ms:.1f} ms, MFU {row['mfu']:.2f}"
+        say(f"prefill {r.prompt_tokens} tokens, chunk {r.chunk_tokens}: {row['ms']:.1f} ms, MFU {row['mfu']:.2f}"
             + (f" (transformers {row['transformers_mfu']})" if "transformers_mfu" in row else ""))
     return rows
 

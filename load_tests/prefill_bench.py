@@ -33,16 +33,17 @@ class PrefillResult:
         return self.prompt_tokens / self.seconds
 
 
-def _sync(device: torch.device) -> None:
+def sync_device(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
 
 
-def _seconds(fn: Callable[[], object], device: torch.device) -> float:
-    _sync(device)
+def seconds_of(fn: Callable[[], object], device: torch.device) -> float:
+    """Wall time of ``fn``, the device's queued work included."""
+    sync_device(device)
     start = time.perf_counter()
     fn()
-    _sync(device)
+    sync_device(device)
     return time.perf_counter() - start
 
 
@@ -70,12 +71,29 @@ def measure_prefill_tokens_per_s(
     runner = ModelRunner(
         model, device=device, dtype=dtype, block_size=block_size, num_device_blocks=num_blocks, num_cpu_blocks=0
     )
-    table = list(range(num_blocks))
     hf = None
     if compare_transformers and not isinstance(model, ModelConfig):
         from transformers import AutoModelForCausalLM
 
         hf = AutoModelForCausalLM.from_pretrained(model, dtype=dtype).to(device).eval()
+    return time_prefill(runner, hf, prompt_lengths=prompt_lengths, chunk_tokens=chunk_tokens, repeats=repeats,
+                        progress=progress)
+
+
+def time_prefill(
+    runner: ModelRunner,
+    hf: object | None,
+    *,
+    prompt_lengths: Sequence[int],
+    chunk_tokens: int,
+    repeats: int = 3,
+    progress: Callable[[str], None] | None = print,
+) -> list[PrefillResult]:
+    """Best-of-``repeats`` prefill times of ``runner`` (its pool must hold the longest prompt) and of the
+    transformers model ``hf`` (None: not compared), one shot and in ``chunk_tokens`` chunks, interleaved."""
+    device = runner.device
+    say = progress or (lambda _msg: None)
+    table = list(range(-(-max(prompt_lengths) // runner.block_size)))
 
     def ours(ids: list[int], chunk: int) -> None:
         for start in range(0, len(ids), chunk):
@@ -111,7 +129,7 @@ def measure_prefill_tokens_per_s(
         best = {key: float("inf") for key in modes}
         for r in range(repeats):
             for key, fn in modes.items():
-                best[key] = min(best[key], _seconds(fn, device))
+                best[key] = min(best[key], seconds_of(fn, device))
             say(f"prefill {n} tokens: repeat {r + 1}/{repeats}")
         for (engine, chunk), seconds in best.items():
             result = PrefillResult(engine, n, chunk, seconds)
