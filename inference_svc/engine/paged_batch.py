@@ -108,9 +108,8 @@ class BatchBuilder:
     def block_q(self, decode_only: bool) -> int:
         return triton_attention.tile_tokens(self.num_heads, self.num_kv_heads, decode_only=decode_only)
 
-    def layout(self, spans: Sequence[Span]) -> Layout:
-        """The exact sizes ``spans`` need."""
-        bq = self.block_q(all(len(s.token_ids) == 1 for s in spans))
+    def layout(self, spans: Sequence[Span], bq: int) -> Layout:
+        """The exact sizes ``spans`` need, in tiles of ``bq`` query tokens."""
         bs = self.block_size
         return Layout(tokens=sum(len(s.token_ids) for s in spans), seqs=len(spans),
                       tiles=sum(-(-len(s.token_ids) // bq) for s in spans),
@@ -119,11 +118,11 @@ class BatchBuilder:
 
     def pack(self, spans: Sequence[Span], layout: Layout | None = None) -> tuple[torch.Tensor, Layout, int]:
         """(host buffer, its layout, block_q). With a fixed ``layout`` (a graph's), the spans must fit in
-        it: the rest is padding (no rows, slot -1, empty tiles). The host buffer ends after the last used
-        row of the block tables: the padded rows are never read, so they are neither written nor copied."""
-        decode_only = all(len(s.token_ids) == 1 for s in spans)
-        bq = self.block_q(decode_only)
-        layout = layout or self.layout(spans)
+        it: the rest is padding (no rows, slot -1, tiles of the first padding sequence, which has no rows).
+        The host buffer ends after the last used row of the block tables: the padded rows are never read,
+        so they are neither written nor copied."""
+        bq = self.block_q(all(len(s.token_ids) == 1 for s in spans))
+        layout = layout or self.layout(spans, bq)
         tables_at = layout.tables_at
         used = tables_at + len(spans) * layout.width
         host = torch.empty(layout.numel, dtype=torch.int32, pin_memory=self._pin)
@@ -145,9 +144,7 @@ class BatchBuilder:
             f["tile_off"][tile:tile + tiles] = np.arange(0, n, bq)
             f["logit_rows"][logit:logit + s.num_logits] = np.arange(row + n - s.num_logits, row + n)
             row, tile, logit = row + n, tile + tiles, logit + s.num_logits
-        if tile < layout.tiles:   # padding tiles point at a padding sequence (no rows): they do nothing
-            f["tile_seq"][tile:] = len(spans) if len(spans) < layout.seqs else 0
-            f["tile_off"][tile:] = 0 if len(spans) < layout.seqs else 1 << 30
+        f["tile_seq"][tile:] = len(spans)   # padding tiles (a graph's bucket): the first padding sequence's
         return host[:used], layout, bq
 
     def to_device(self, host: torch.Tensor, layout: Layout, block_q: int,
