@@ -24,7 +24,7 @@ from pathlib import Path
 import grpc
 
 from servicekit.config import env_default, env_name
-from servicekit.tls import TlsFiles, client_tls
+from servicekit.tls import TlsFiles, authority_options, client_tls
 
 API_KEY_ENV = "STREAMRAG_API_KEY"
 OPEN_METHOD_PREFIXES = ("/grpc.health.v1.Health/",)
@@ -220,9 +220,11 @@ def bearer_aio_interceptors(key: str) -> list[grpc.aio.ClientInterceptor]:
 def keyed_channel(target: str, options: Sequence[tuple[str, object]] = (), key: str | None = None,
                   tls: TlsFiles | None = None) -> grpc.Channel:
     """A (sync) channel to `target` that presents the client's key (`client_key()` unless given) on every call,
-    over TLS when `tls` (else `servicekit.tls.client_tls()`, from the environment) names a CA."""
+    over TLS when `tls` (else `servicekit.tls.client_tls()`, from the environment) names a CA (over several
+    addresses, verified against the first's host: `servicekit.tls.authority_options`)."""
     tls = tls or client_tls()
-    channel = (grpc.secure_channel(target, tls.channel_credentials(), options=list(options)) if tls and tls.ca
-               else grpc.insecure_channel(target, options=list(options)))
+    channel = (grpc.secure_channel(target, tls.channel_credentials(),
+                                   options=list(dict([*authority_options(target), *options]).items()))
+               if tls and tls.ca else grpc.insecure_channel(target, options=list(options)))
     key = key or client_key()
     return grpc.intercept_channel(channel, _BearerClientInterceptor(key)) if key else channel

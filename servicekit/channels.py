@@ -20,7 +20,7 @@ from collections.abc import Sequence
 import grpc
 
 from servicekit.auth import bearer_aio_interceptors
-from servicekit.tls import TlsFiles
+from servicekit.tls import TlsFiles, authority_options
 
 # `min_reconnect_backoff_ms` is gRPC's timeout of one connection attempt (20 s by default): an
 # attempt that hangs (a peer that accepts but does not answer yet) is given up after 2 s and tried
@@ -45,10 +45,12 @@ SERVER_KEEPALIVE_OPTIONS = (("grpc.http2.min_ping_interval_without_data_ms", 250
 def open_channel(address: str, tls: TlsFiles | None = None,
                  options: Sequence[tuple[str, object]] = (), api_key: str | None = None) -> grpc.aio.Channel:
     """A `grpc.aio` channel to `address` with the reconnect and keepalive options above (`options`
-    add to or override them): TLS when `tls.ca` is set, plaintext otherwise; presenting `api_key` when given."""
+    add to or override them): TLS when `tls.ca` is set (over several addresses, verified against the
+    first's host: `servicekit.tls.authority_options`), plaintext otherwise; presenting `api_key` when given."""
     merged = list(dict([*RECONNECT_OPTIONS, *KEEPALIVE_OPTIONS, *options]).items())
     interceptors = bearer_aio_interceptors(api_key) if api_key else None
     if tls is not None and tls.ca is not None:
+        merged = list(dict([*authority_options(address), *merged]).items())
         return grpc.aio.secure_channel(address, tls.channel_credentials(), options=merged, interceptors=interceptors)
     return grpc.aio.insecure_channel(address, options=merged, interceptors=interceptors)
 

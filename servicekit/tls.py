@@ -64,6 +64,21 @@ class TlsFiles:
                                             certificate_chain=_read(self.cert))
 
 
+MULTI_ADDRESS_SCHEMES = ("ipv4:", "ipv6:")
+
+
+def authority_options(target: str) -> tuple[tuple[str, str], ...]:
+    """The channel option a TLS channel to `target` needs to verify its servers: for a target of several
+    addresses (`ipv4:a:p,b:q`, `servicekit.channels.spread_target`'s) gRPC's default authority is the
+    whole list, which no certificate names, so every handshake fails ("Hostname Verification Check
+    failed"); the first address stands for all of them instead, and each server's certificate must
+    name its host (scripts/make_certs.sh's name 127.0.0.1 and localhost). Nothing for one address or a
+    name (`dns:///orchestrators:50051`), whose own authority is right."""
+    if not target.startswith(MULTI_ADDRESS_SCHEMES) or "," not in target:
+        return ()
+    return (("grpc.default_authority", target.split(":", 1)[1].split(",", 1)[0].strip()),)
+
+
 def _read(path: Path | None) -> bytes | None:
     return path.read_bytes() if path is not None else None
 
