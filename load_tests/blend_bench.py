@@ -1,7 +1,7 @@
 """`streamrag bench blend`: KV reuse of retrieved passages across requests and refinements
 (blend mode, inference_svc/engine/chunk_store.py and blend.py) against exact mode.
 
-Two parts, each over `--seeds` (default 0 1 2):
+Two parts, each over `--seeds` (default 0,1,2):
 
 - **ANNS replay (update mode)**: `streamrag bench replay`'s run (load_tests.replay) on a native
   service per mode: streaming and non-streaming with `--kv-reuse exact`, streaming with
@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from inference_svc.engine.options import DEFAULT_BLEND_RECOMPUTE, DEFAULT_DTYPE, DTYPE_CHOICES
+from load_tests import runner
 
 QUESTIONS = Path(__file__).with_name("quality_questions.jsonl")
 FRACTIONS = (0.0, 0.05, 0.15, 0.3, 1.0)
@@ -167,7 +168,7 @@ def anns_replay(args: argparse.Namespace, seed: int, say: Callable[[str], None])
     from inference_svc.launch import start_inference_service
     from load_tests.replay import _bench_on, add_bench_replay_args, service_flags, workloads_of
     from load_tests.replay_run import scale_query, stable_query
-    from retriever_svc.trace import read_trace
+    from retriever_svc.replay.trace import read_trace
 
     parser = argparse.ArgumentParser()
     add_bench_replay_args(parser)
@@ -231,7 +232,8 @@ def slowest(rows: Sequence[dict[str, Any]], queries: Sequence[Any], n: int = 3) 
 # --- the summary -------------------------------------------------------------------------------
 
 def spread(values: Sequence[float]) -> dict[str, float]:
-    return {"median": round(statistics.median(values), 3), "min": round(min(values), 3), "max": round(max(values), 3)}
+    """runner.spread, to 3 digits: the page shows no more."""
+    return runner.spread(values, digits=3)
 
 
 def reused_share(run: dict[str, Any]) -> float:
@@ -272,15 +274,10 @@ def summarize(args: argparse.Namespace, cross: list[dict], anns: list[dict]) -> 
 
 
 def plot(summary: dict[str, Any], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     sweep = summary.get("sweep")
     if not sweep:
         return
-    fig, ax = plt.subplots(figsize=(5.5, 4))
+    fig, ax = runner.pyplot().subplots(figsize=(5.5, 4))
     xs = [s["ttft_speedup"]["median"] for s in sweep]
     ys = [100 * s["answer_agreement"]["median"] for s in sweep]
     ax.plot(xs, ys, "o-")
@@ -291,13 +288,12 @@ def plot(summary: dict[str, Any], path: Path) -> None:
     ax.set_title("blend: recomputed share (labels), quality vs speed")
     ax.grid(alpha=0.3)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    runner.save_figure(fig, path, dpi=120)
 
 
 def add_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", type=Path, required=True, help="summary JSON to write (a .png plot beside it)")
-    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    runner.add_seeds_arg(parser)
     parser.add_argument("--parts", default="cross,anns", help="comma-separated: cross (across requests), anns")
     parser.add_argument("--passages", type=Path, default=None,
                         help="passage store the questions' passages come from (default: the bundled index's; "
@@ -307,7 +303,8 @@ def add_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--per-page", type=int, default=3, help="passages of a question's answering page")
     parser.add_argument("--popular", type=int, default=8, help="popular passages shared by every question")
     parser.add_argument("--shared", type=int, default=2, help="popular passages in each request")
-    parser.add_argument("--fractions", type=float, nargs="+", default=list(FRACTIONS))
+    parser.add_argument("--fractions", type=runner.fraction_list, default=list(FRACTIONS),
+                        help="comma-separated recomputed shares")
     parser.add_argument("--max-tokens", type=int, default=AGREEMENT_TOKENS)
     parser.add_argument("--token-budget", type=int, default=2048)
     parser.add_argument("--kv-device-blocks", type=int, default=1024)
@@ -336,8 +333,7 @@ def run(args: argparse.Namespace) -> int:
         if "anns" in parts:
             anns.append(anns_replay(args, seed, say))
     summary = summarize(args, cross, anns)
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps(summary, indent=1) + "\n")
+    runner.write_json(args.json, summary)
     plot(summary, args.json.with_suffix(".png"))
     print(json.dumps({k: v for k, v in summary.items() if not isinstance(v, (list, dict))}, indent=1))
     return 0

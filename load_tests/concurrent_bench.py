@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from inference_svc.engine.options import DEFAULT_DEVICE, DEFAULT_DTYPE, DEFAULT_TOKEN_BUDGET, DTYPE_CHOICES
-from load_tests.runner import int_list, positive_int, spread, write_json
+from load_tests.runner import add_seeds_arg, positive_int, spread, write_json
 from servicekit.progress import say
 
 ENGINES = ("native", "vllm")
@@ -145,7 +145,7 @@ def add_bench_concurrent_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--engine", default="native,vllm", help="comma-separated: native and/or vllm")
     parser.add_argument("--concurrency", type=positive_int, default=16, help="Generate calls sent at once")
     parser.add_argument("--prompt-tokens", type=positive_int, default=1150, help="tokens per prompt")
-    parser.add_argument("--seeds", type=int_list, default="0,1,2", help="comma-separated seeds (new prompts for each)")
+    add_seeds_arg(parser, what="seeds (new prompts for each)")
     parser.add_argument("--token-budget", type=positive_int, default=DEFAULT_TOKEN_BUDGET, help="tokens per step")
     parser.add_argument("--model", type=Path, default=None, help="model directory (default: the embedded model)")
     parser.add_argument("--device", default=DEFAULT_DEVICE)

@@ -34,7 +34,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from load_tests.runner import int_list, positive_int_list, write_json
+from load_tests.runner import add_seeds_arg, positive_int_list, write_json
 from servicekit.progress import say
 
 QUESTIONS = Path(__file__).with_name("quality_questions.jsonl")
@@ -269,7 +269,7 @@ def add_bench_decode_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--concurrency", type=positive_int_list, default="1,8",
                         help="requests decoding together, comma-separated")
     parser.add_argument("--modes", default=",".join(MODES), help="speculation settings, comma-separated")
-    parser.add_argument("--seeds", type=int_list, default="0,1,2")
+    add_seeds_arg(parser)
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--draft-budget", type=int, default=None, help="engine draft budget (default: the engine's)")
     parser.add_argument("--cost-ratio", type=float, default=None,

@@ -41,7 +41,7 @@ from pathlib import Path
 import grpc
 
 from inference_svc.launch import start_inference_service
-from load_tests.runner import write_json
+from load_tests.runner import add_seeds_arg, choice_list, positive_float_list, write_json
 from protos import common_pb2, inference_pb2, inference_pb2_grpc
 from protos.metadata import DECODE_TARGET_KEY
 from servicekit.progress import say
@@ -52,6 +52,7 @@ WORDS = (
     "yield", "generator", "context", "manager", "path", "stream", "buffer", "line", "text", "encoding", "socket",
     "thread", "process", "queue", "lock", "event", "async", "await", "task", "future",
 )
+MODES = ("colocated", "disaggregated")
 HANDOFF = re.compile(r"transfer ([0-9.]+) ms after the last chunk's KV")
 
 
@@ -237,8 +238,8 @@ def add_bench_disagg_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--raw", type=Path, default=None, help="write every request's times here")
     parser.add_argument("--model", type=Path, default=None, help="default: the embedded model")
     parser.add_argument("--dtype", default="bfloat16")
-    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    parser.add_argument("--rates", type=float, nargs="+", default=[0.2, 0.4], help="requests/s")
+    add_seeds_arg(parser)
+    parser.add_argument("--rates", type=positive_float_list, default=[0.2, 0.4], help="comma-separated requests/s")
     parser.add_argument("--requests", type=int, default=8, help="per rate and seed")
     parser.add_argument("--chunks", type=int, default=4)
     parser.add_argument("--chunk-words", type=int, default=120)
@@ -248,8 +249,8 @@ def add_bench_disagg_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--itl-target-ms", type=float, default=150.0, help="a request's own ITL p99")
     parser.add_argument("--idle-probes", type=int, default=3,
                         help="requests sent one at a time before the load (the hand-off with nothing else running)")
-    parser.add_argument("--modes", nargs="+", default=["colocated", "disaggregated"],
-                        choices=["colocated", "disaggregated"])
+    parser.add_argument("--modes", type=choice_list(MODES), default=list(MODES), help="comma-separated: "
+                        + ", ".join(MODES))
 
 
 def run_bench_disagg(args: argparse.Namespace) -> int:

@@ -15,7 +15,6 @@ batch sizes on a quarter of the sample, and the default backend without length s
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import random
@@ -27,6 +26,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
+
+from load_tests.runner import write_json
 
 Encode = Callable[[list[str], int], np.ndarray]
 REFERENCE = "torch-fp32"
@@ -214,8 +215,7 @@ def sweep(encoders: dict[str, Encode], texts: list[str], batches: list[int]) -> 
 
 def save(result: dict, path: Path | None) -> None:
     if path:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(result, indent=2) + "\n")
+        write_json(path, result)
 
 
 def print_table(result: dict) -> None:

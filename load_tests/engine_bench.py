@@ -11,11 +11,11 @@ Prints tables and writes JSON:
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
 from inference_svc.engine.options import DEFAULT_DEVICE, DEFAULT_DTYPE, DTYPE_CHOICES, POLICY_CHOICES
+from load_tests.runner import write_json
 
 POLICIES = POLICY_CHOICES
 SIZES = (50, 500)
@@ -92,7 +92,6 @@ def run_engine_bench(args: argparse.Namespace) -> int:
                  for n in SIZES]
         print(f"{policy:8s} " + " ".join(f"{c:>22s}" for c in cells))
     if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(report, indent=2))
+        write_json(args.json, report)
         print(f"\nwrote {args.json}")
     return 0

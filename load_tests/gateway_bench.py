@@ -47,7 +47,7 @@ from typing import Any
 
 import grpc
 
-from load_tests.runner import positive_int, spread, write_json
+from load_tests.runner import add_seeds_arg, positive_int, spread, write_json
 from protos import common_pb2, inference_pb2, inference_pb2_grpc, orchestrator_pb2, orchestrator_pb2_grpc
 from servicekit.auth import API_KEY_ENV, bearer_metadata
 from servicekit.config import DEFAULT_PORTS
@@ -68,7 +68,7 @@ def add_bench_gateway_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--questions", type=positive_int, default=10, help="questions (pairs) per seed")
     parser.add_argument("--questions-file", type=Path, default=QUESTIONS, help="one question per line, # comments")
     parser.add_argument("--max-tokens", type=positive_int, default=32)
-    parser.add_argument("--seeds", type=positive_int, default=3, help="runs (seeds 0..N-1); medians are reported")
+    add_seeds_arg(parser, what="seeds: each draws its own questions; medians are reported")
     parser.add_argument("--api-key", default=os.environ.get(API_KEY_ENV), help=f"API key (default ${API_KEY_ENV})")
     parser.add_argument("--ca", type=Path, default=None, help="CA certificate that signed an HTTPS gateway's")
     parser.add_argument("--locust-users", type=positive_int, default=20, help="locust users per seed")
@@ -218,7 +218,7 @@ def run_bench_gateway(args: argparse.Namespace) -> int:
     replicas = args.inference or [f"127.0.0.1:{DEFAULT_PORTS['inference']}"]
     try:
         runs = []
-        for seed in range(args.seeds):
+        for seed in args.seeds:
             run = run_seed(clients, questions, seed, args.questions)
             if args.locust_seconds > 0:
                 run["locust"] = run_locust(args, seed)
@@ -258,7 +258,7 @@ def run_bench_gateway(args: argparse.Namespace) -> int:
     print(f"TTFT p50 over gRPC {result['grpc_ttft_s']['p50']['median'] * 1000:.2f} ms, through the gateway "
           f"{result['gateway_ttft_s']['p50']['median'] * 1000:.2f} ms")
     if "locust" in result:
-        print(f"locust: {result['locust']['users']} users x {result['locust']['seconds']} s x {args.seeds} seeds: "
+        print(f"locust: {result['locust']['users']} users x {result['locust']['seconds']} s x {len(args.seeds)} seeds: "
               f"{result['locust']['requests']} requests, {result['locust']['failures']} failures")
     print(f"KV blocks all free afterwards: {'yes' if result['kv_blocks_all_free'] else 'NO'}")
     if args.json is not None:

@@ -22,10 +22,11 @@ Triton's interpreter, in under two minutes; a default-suite test runs it.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from pathlib import Path
+
+from load_tests.runner import positive_int_list, write_json
 
 DOC_TOKENS, HEAD_TOKENS, NUM_DOCS = 1000, 256, 8
 
@@ -34,7 +35,8 @@ def add_bench_gpu_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", default="cuda", help="cuda[:N], or cpu for the dry run (with --small)")
     parser.add_argument("--small", action="store_true", help="tiny shapes and sizes: the CPU dry run")
     parser.add_argument("--json", type=Path, default=None, help="write the results here")
-    parser.add_argument("--concurrency", type=int, nargs="+", default=None, help="decode batch sizes (1 16 64)")
+    parser.add_argument("--concurrency", type=positive_int_list, default=None,
+                        help="comma-separated decode batch sizes (default 1,16,64)")
     parser.add_argument("--decode-steps", type=int, default=None, help="timed decode steps per pass (16)")
     parser.add_argument("--no-transformers", action="store_true", help="skip transformers' baselines")
     parser.add_argument("--compile-transformers", action="store_true",
@@ -107,8 +109,7 @@ def run_bench_gpu(args: argparse.Namespace) -> int:
     out["seconds"] = round(time.perf_counter() - began, 1)
     _print(out)
     if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(out, indent=2) + "\n")
+        write_json(args.json, out)
         say(f"wrote {args.json}")
     return 0
 

@@ -31,7 +31,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from load_tests.runner import positive_int, write_json
+from load_tests.runner import add_seeds_arg, positive_int, write_json
 from servicekit.progress import say
 
 DOCS_ROOT = Path("/usr/share/doc/python3.11/html")
@@ -47,7 +47,7 @@ def add_bench_ingest_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--ingest-files", type=positive_int, default=75, help="files added while searching")
     parser.add_argument("--idle-s", type=positive_int, default=20, help="seconds of searches with no ingestion")
     parser.add_argument("--embed-passages", type=positive_int, default=600, help="passages for the embedding speed")
-    parser.add_argument("--seeds", type=positive_int, default=3, help="runs (seeds 0..N-1); medians are reported")
+    add_seeds_arg(parser, what="seeds: each shuffles the files its own way; medians are reported")
     parser.add_argument("--json", type=Path, default=None, help="write the results here")
 
 
@@ -232,7 +232,7 @@ def run_bench_ingest(args: argparse.Namespace) -> int:
         return 1
     say(f"embedding speed on {args.embed_passages} passages: default backend, then today's torch path")
     rate, rate_before = embedding_rates(random.Random(0).sample(files, len(files)), args.embed_passages)
-    runs = [run_once(files, args, seed) for seed in range(args.seeds)]
+    runs = [run_once(files, args, seed) for seed in args.seeds]
     result: dict[str, Any] = {"embed_passages_per_s": rate, "embed_passages_per_s_before": rate_before}
     for key in KEYS[2:]:
         values = [run[key] for run in runs]

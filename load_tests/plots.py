@@ -20,6 +20,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from load_tests.runner import pyplot, save_figure
 from servicekit.stats import percentile
 
 Record = Mapping[str, Any]
@@ -112,21 +113,14 @@ def _qps_figure(plt: Any, records: Sequence[Record], workload: str, qps_levels: 
 
 def write_plots(records: Sequence[Record], out_dir: Path, update_workloads: Iterable[str] = ()) -> list[Path]:
     """Draw every figure for `records` (the rows of requests.jsonl) into `out_dir`."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     ok = _ok(records)
     engines = len(_ordered(r["engine"] for r in ok))
     updates = set(update_workloads)
     written: list[Path] = []
 
     def save(fig: Any, name: str) -> None:
-        path = out_dir / name
-        fig.savefig(path, dpi=110)
-        plt.close(fig)
-        written.append(path)
+        written.append(save_figure(fig, out_dir / name))
 
     for workload in _ordered(r["workload"] for r in ok):
         mine = [r for r in ok if r["workload"] == workload]

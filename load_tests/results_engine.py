@@ -90,7 +90,7 @@ def milvus(s: dict[str, Node]) -> list[str]:
         "server from PyPI, whose build has no DiskANN, so it serves HNSW (docs/documents.md says why and how a "
         f"Milvus cluster takes DISKANN); the default corpus ({m['passages']} passages), {m['queries_per_run']} "
         f"queries a run, k {m['k']}, list sizes {', '.join(str(x) for x in m['l_schedule'].value)}.", "",
-        *block(m, cells="median (min-max) over the runs"),
+        *block(m),
         *table(["backend", "recall@10", "hit@5", "first emit / full search",
                 "p50 ms / p99 ms / QPS at 1; 2; 4 clients"], rows),
         *targets(m),

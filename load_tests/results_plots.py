@@ -14,6 +14,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from load_tests.runner import pyplot, save_figure
+
 if TYPE_CHECKING:
     from load_tests.results_summary import Node
 
@@ -178,18 +180,10 @@ PLOTS = {"streaming": plot_streaming, "vllm": plot_vllm, "pressure": plot_pressu
 
 def write_plots(s: dict[str, Node], out_dir: Path) -> list[Path]:
     """Draw every plot first (a missing key stops before any file is written), then save them."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     figures = {name: draw(s, plt) for name, draw in PLOTS.items()}
-    out_dir.mkdir(parents=True, exist_ok=True)
     paths = []
     for name, fig in figures.items():
         fig.tight_layout()
-        path = out_dir / f"{name}.png"
-        fig.savefig(path, dpi=DPI, metadata={"Software": None})
-        plt.close(fig)
-        paths.append(path)
+        paths.append(save_figure(fig, out_dir / f"{name}.png", dpi=DPI, metadata={"Software": None}))
     return paths

@@ -11,8 +11,8 @@ table; `--json` writes the numbers.
 
 **The backends side by side** (`--backend diskannpy,milvus --json OUT`): on the default index
 (the Python docs) and the same queries, for each backend (diskannpy in this process; Milvus at
-`--milvus-uri`, or an embedded server this bench starts and stops), `--runs` runs (seeds 0, 1,
-...), each one:
+`--milvus-uri`, or an embedded server this bench starts and stops), one run per seed of `--seeds`
+(default 0,1,2), each one:
 
 - `recall_at_10`: the staged search's final top-10 against exact search (brute force over the
   stored vectors), over `--queries` sentences drawn from the passages (the seed picks them);
@@ -24,7 +24,7 @@ table; `--json` writes the numbers.
   top-5 holds a page that answers it (`load_tests.quality.answers`, the rule `bench quality`
   applies to the Ask's documents; here the retriever's own top-5, no stack).
 
-Rows give the median over runs and its [min, max] spread.
+Rows give the median over seeds and its [min, max] spread.
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from load_tests.runner import write_json
+from load_tests.runner import add_seeds_arg, spread, write_json
 from servicekit.stats import percentile
 
 BACKENDS = ("diskannpy", "milvus")
@@ -71,7 +71,7 @@ def add_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--milvus-index", choices=["auto", "DISKANN", "HNSW"], default="auto")
     parser.add_argument("--milvus-data", type=Path, default=None,
                         help="the embedded server's data folder (default: a temporary one)")
-    parser.add_argument("--runs", type=int, default=3, help="runs (seeds 0..runs-1)")
+    add_seeds_arg(parser, what="seeds: each draws its own queries")
     parser.add_argument("--questions", type=Path, default=DEFAULT_QUESTIONS, help="quality questions for hit@5")
 
 
@@ -85,8 +85,8 @@ def run(args: argparse.Namespace) -> int:
             print(f"error: --backend takes {', '.join(BACKENDS)} (comma-separated), got {args.backend!r}",
                   file=sys.stderr)
             return 1
-        if args.runs < 1 or args.queries < 1:
-            print("error: --runs and --queries must be at least 1", file=sys.stderr)
+        if args.queries < 1:
+            print("error: --queries must be at least 1", file=sys.stderr)
             return 1
         measure, table = (lambda args: compare(args, backends)), format_rows
     try:
@@ -309,15 +309,11 @@ def open_index(name: str, directory: Path, args: argparse.Namespace, stack: list
 
 
 def summarize(runs: list[dict]) -> dict:
-    def stat(values: list[float], digits: int = 4) -> dict:
-        return {"median": round(statistics.median(values), digits), "min": round(min(values), digits),
-                "max": round(max(values), digits)}
-
-    row = {key: stat([r[key] for r in runs]) for key in
+    row = {key: spread([r[key] for r in runs], 4) for key in
            ("recall_at_10", "first_emit_fraction", "first_emit_ms", "full_search_ms", "hit_at_5")}
     row["concurrency"] = [{"clients": clients,
-                           **{key: stat([r["concurrency"][i][key] for r in runs], 3) for key in ("p50_ms", "p99_ms",
-                                                                                                  "qps")}}
+                           **{key: spread([r["concurrency"][i][key] for r in runs], 3) for key in ("p50_ms", "p99_ms",
+                                                                                                    "qps")}}
                           for i, clients in enumerate(CONCURRENCY)]
     return row
 
@@ -337,7 +333,7 @@ def compare(args: argparse.Namespace, backends: list[str]) -> dict:
     texts = [p.text for p in local.store.all()]
     questions = load_questions(args.questions)
     question_vectors = embed([q.question for q in questions])
-    query_vectors = [embed(derive_queries(texts, args.queries, seed)) for seed in range(args.runs)]
+    query_vectors = {seed: embed(derive_queries(texts, args.queries, seed)) for seed in args.seeds}
     k = min(args.k, local.size)
     sizes = effective_schedule(schedule, k)
     rows = []
@@ -348,16 +344,17 @@ def compare(args: argparse.Namespace, backends: list[str]) -> dict:
             index, label = open_index(name, directory, args, cleanup)
             index.beam_width = width
             runs = []
-            for seed in range(args.runs):
-                runs.append(measure(index, query_vectors[seed], question_vectors, questions, k, sizes))
-                print(f"{name}: run {seed + 1}/{args.runs}: recall@{k} {runs[-1]['recall_at_10']:.3f}, "
-                      f"hit@5 {runs[-1]['hit_at_5']:.3f}, first emit {runs[-1]['first_emit_fraction']:.0%}", flush=True)
+            for seed in args.seeds:
+                run = measure(index, query_vectors[seed], question_vectors, questions, k, sizes)
+                runs.append({"seed": seed, **run})
+                print(f"{name}: seed {seed} ({len(runs)}/{len(args.seeds)}): recall@{k} {run['recall_at_10']:.3f}, "
+                      f"hit@5 {run['hit_at_5']:.3f}, first emit {run['first_emit_fraction']:.0%}", flush=True)
             rows.append({"backend": name, "index": label, **summarize(runs), "runs": runs})
     finally:
         for close in reversed(cleanup):
             close()
     return {"command": "streamrag bench retrieval --backend " + ",".join(backends), "k": k,
-            "queries_per_run": args.queries, "runs": args.runs, "quality_questions": len(questions),
+            "queries_per_run": args.queries, "seeds": args.seeds, "quality_questions": len(questions),
             "passages": local.size, "l_schedule": sizes, "beam_width": width, "concurrency": list(CONCURRENCY),
             "backends": rows, "targets": targets(rows)}
 
@@ -378,7 +375,7 @@ def targets(rows: list[dict]) -> dict:
 
 def format_rows(result: dict) -> str:
     lines = [f"{result['passages']} passages, k={result['k']}, L={result['l_schedule']}, "
-             f"{result['queries_per_run']} queries x {result['runs']} runs (median [min, max])",
+             f"{result['queries_per_run']} queries x {len(result['seeds'])} seeds (median [min, max])",
              f"{'backend':<10} {'recall@10':>18} {'hit@5':>18} {'first emit':>18}   latency p50/p99 ms, QPS at "
              + ", ".join(map(str, result["concurrency"])) + " clients"]
 

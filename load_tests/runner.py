@@ -8,7 +8,8 @@ A bench keeps only what it measures; the rest is here, written once:
   environment, so a bench it starts as a subprocess does not wait for its own parent.
 - **Seeds.** `add_seeds_arg` gives a bench its `--seeds 0,1,2`; `spread` is how every bench
   reports several seeds: the median with its min and max.
-- **Flags.** The argparse types for numbers and lists: a bad value is an argparse error naming the
+- **Flags.** The argparse types for numbers and lists (every list flag is comma-separated: `--seeds 0,1,2`,
+  `--rates 0.25,0.5`, `--modes colocated,disaggregated`): a bad value is an argparse error naming the
   flag (`streamrag bench ...: error: argument --seeds: ...`), never a traceback.
 - **Output.** `write_json` writes `--json`; `pyplot` and `save_figure` draw PNG plots (matplotlib is
   imported only when a plot is drawn, so a bench's flags stay light).
@@ -59,10 +60,12 @@ def cpu_lock(path: Path = CPU_LOCK) -> Iterator[None]:
 
 # ---------------------------------------------------------------------------- seeds
 
-def spread(values: Sequence[float]) -> dict[str, float]:
-    """The median of per-seed values with their min and max: how every benchmark reports seeds."""
+def spread(values: Sequence[float], digits: int | None = None) -> dict[str, float]:
+    """The median of per-seed values with their min and max: how every benchmark reports seeds
+    (rounded to `digits` when given)."""
     values = list(values)
-    return {"median": statistics.median(values), "min": min(values), "max": max(values)}
+    out = {"median": statistics.median(values), "min": min(values), "max": max(values)}
+    return out if digits is None else {key: round(value, digits) for key, value in out.items()}
 
 
 def add_seeds_arg(parser: argparse.ArgumentParser, default: str = "0,1,2", what: str = "seeds") -> None:
@@ -107,6 +110,35 @@ def positive_int_list(text: str) -> list[int]:
     if min(values) < 1:
         raise argparse.ArgumentTypeError(f"must be comma-separated integers >= 1, got {text!r}")
     return values
+
+
+def positive_float_list(text: str) -> list[float]:
+    """A comma-separated list of numbers > 0 ("0.25,0.5"), at least one."""
+    try:
+        return [positive_float(part.strip()) for part in text.split(",")]
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(f"must be comma-separated numbers > 0, got {text!r}") from None
+
+
+def fraction_list(text: str) -> list[float]:
+    """A comma-separated list of shares from 0 to 1 ("0,0.15,1"), at least one."""
+    try:
+        values = [float(part) for part in text.split(",")]
+    except ValueError:
+        values = [math.nan]
+    if not all(0.0 <= value <= 1.0 for value in values):
+        raise argparse.ArgumentTypeError(f"must be comma-separated numbers from 0 to 1, got {text!r}")
+    return values
+
+
+def choice_list(choices: Sequence[str]) -> Any:
+    """An argparse type: a comma-separated list of some of `choices` ("colocated,disaggregated")."""
+    def parse(text: str) -> list[str]:
+        items = [part.strip() for part in text.split(",")]
+        if not items or any(item not in choices for item in items):
+            raise argparse.ArgumentTypeError(f"must be comma-separated, each one of {', '.join(choices)}; got {text!r}")
+        return items
+    return parse
 
 
 # ---------------------------------------------------------------------------- output

@@ -45,7 +45,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from load_tests.runner import int_list, positive_int_list, write_json
+from load_tests.runner import add_seeds_arg, positive_int_list, write_json
 from load_tests.sessions.client import SessionsClient
 from load_tests.sessions.plot import write_plot
 from load_tests.sessions.seed_run import run_seed
@@ -75,7 +75,7 @@ def add_bench_sessions_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dtype", default=DEFAULT_DTYPE, choices=DTYPE_CHOICES)
     parser.add_argument("--points", type=positive_int_list, default=DEFAULT_POINTS,
                         help="context sizes (head + data tokens), comma-separated")
-    parser.add_argument("--seeds", type=int_list, default="0,1,2", help="data and question seeds, comma-separated")
+    add_seeds_arg(parser, what="data and question seeds")
     parser.add_argument("--questions", type=int, default=5, help="session queries per point (median)")
     parser.add_argument("--warm-repeats", type=int, default=3, help="warm Generates per point (median)")
     parser.add_argument("--flash-repeats", type=int, default=5, help="Flash hits per point (median)")

@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from load_tests.runner import int_list, positive_float, positive_int, spread, write_json
+from load_tests.runner import add_seeds_arg, positive_float, positive_int, spread, write_json
 from servicekit.progress import say
 
 WARMUP_TOKENS = 512
@@ -50,7 +50,7 @@ def add_bench_steps_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", type=Path, default=None, help="model directory (default: the embedded model)")
     parser.add_argument("--device", default=DEFAULT_DEVICE)
     parser.add_argument("--dtypes", default="float32,bfloat16", help="comma-separated")
-    parser.add_argument("--seeds", type=int_list, default="0,1,2")
+    add_seeds_arg(parser)
     parser.add_argument("--prompt-tokens", type=positive_int, default=4000, help="each long prompt's tokens")
     parser.add_argument("--token-budget", type=positive_int, default=DEFAULT_TOKEN_BUDGET,
                         help="the fixed budget, and the cap of bounded steps")

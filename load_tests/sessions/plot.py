@@ -6,19 +6,16 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from load_tests.runner import pyplot, save_figure
+
 
 def write_plot(points: Sequence[dict[str, Any]], path: Path, title: str) -> Path:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     series = (("generate_ttft_ms", "Generate (cold prefill)", "s-"),
               ("prefix_cache_ttft_ms", "Generate, prefix cache (warm)", "^-"),
               ("vllm_prefix_cache_ttft_ms", "vLLM prefix cache (warm)", "v--"),
               ("session_query_ttft_ms", "session query", "o-"),
               ("flash_hit_ms", "Flash hit (client)", "d-"))
-    fig, ax = plt.subplots(figsize=(7.5, 4.8))
+    fig, ax = pyplot().subplots(figsize=(7.5, 4.8))
     for key, label, style in series:
         shown = [p for p in points if p.get(key) is not None]
         if not shown:
@@ -35,7 +32,4 @@ def write_plot(points: Sequence[dict[str, Any]], path: Path, title: str) -> Path
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
