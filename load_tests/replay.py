@@ -58,7 +58,7 @@ from load_tests.plots import write_plots
 from load_tests.replay_run import PromptBuilder, replay_run, scale_query, stable_query
 from load_tests.report import BASELINE_ONCE_KEYS, PAIR_KEYS, add_speedups, render_report, summarize_run
 from load_tests.runner import add_seeds_arg, positive_float, positive_int, write_json
-from retriever_svc.trace import TraceQuery, read_trace
+from retriever_svc.replay.trace import TraceQuery, read_trace
 from servicekit.progress import say
 
 ENGINE = "native"
@@ -266,7 +266,7 @@ def run_benchmark(args: argparse.Namespace, say: Callable[[str], None]) -> dict[
 
 
 def write_outputs(summary: dict[str, Any], out: Path) -> None:
-    (out / "summary.json").write_text(json.dumps(summary, indent=2, allow_nan=False, default=_json_default) + "\n")
+    write_json(out / "summary.json", summary, allow_nan=False, default=_json_default)
     (out / "report.md").write_text(render_report(summary))
 
 

@@ -22,8 +22,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from retriever_svc.replay.trace import TraceDocument, TraceQuery
 from retriever_svc.stability import stability_hints
-from retriever_svc.trace import TraceDocument, TraceQuery
 
 START_DELAY_S = 0.2          # first arrival after the run starts (lets every task get scheduled)
 

@@ -27,7 +27,7 @@ from load_tests.synth.synthesize import (
 )
 from load_tests.synth.tokens import ApproxTokenCounter, DocTokens, EmbeddedTokenCounter, TokenCounter
 from load_tests.synth.trace_stats import measure_trace, statistics_table, trace_statistics
-from retriever_svc.trace import write_trace
+from retriever_svc.replay.trace import write_trace
 from servicekit.progress import say
 
 
@@ -116,7 +116,7 @@ def add_trace_stats_args(parser: argparse.ArgumentParser) -> None:
 
 def run_trace_stats(args: argparse.Namespace) -> int:
     """Entry point for `streamrag trace stats`: a trace's statistics beside the published ones."""
-    from retriever_svc.trace import TraceFormatError, read_trace
+    from retriever_svc.replay.trace import TraceFormatError, read_trace
 
     try:
         queries = read_trace(args.trace).queries

@@ -30,7 +30,7 @@ from typing import Any
 from load_tests.replay_run import stable_query
 from load_tests.report import percentile
 from load_tests.synth.tokens import DocTokens, EmbeddedTokenCounter
-from retriever_svc.trace import TraceDocument, TraceQuery, read_trace
+from retriever_svc.replay.trace import TraceDocument, TraceQuery, read_trace
 
 SUFFIX_TEMPLATE_TOKENS = 12          # "Question again: " and the assistant turn header around the question
 

@@ -23,7 +23,8 @@ from servicekit.tls import TlsFiles, tls_from_args, tls_note
 SERVICE_NAME = retriever_pb2.DESCRIPTOR.services_by_name["Retriever"].full_name
 COLLECTIONS_SERVICE = retriever_pb2.DESCRIPTOR.services_by_name["Collections"].full_name
 # kind -> module exposing `build_backend(args) -> RetrieverBackend`
-BACKENDS = {"anns": "retriever_svc.anns.backend", "crawler": "retriever_svc.crawler", "replay": "retriever_svc.replay"}
+BACKENDS = {"anns": "retriever_svc.anns.backend", "crawler": "retriever_svc.crawler",
+            "replay": "retriever_svc.replay.backend"}
 # --backend of the ANNS kind -> its module (same `build_backend`)
 ANNS_BACKENDS = {"diskannpy": "retriever_svc.anns.backend", "milvus": "retriever_svc.milvus.backend"}
 

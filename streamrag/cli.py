@@ -72,7 +72,7 @@ COMMANDS = (
     Command("collection", "list, create, drop or merge collections of your documents",
             "streamrag.documents:add_collection_args", "streamrag.documents:run_collection"),
     Command("trace record", "record a running Retriever's streams into a trace file",
-            "retriever_svc.trace_record:add_trace_record_args", "retriever_svc.trace_record:run_trace_record"),
+            "retriever_svc.replay.record:add_trace_record_args", "retriever_svc.replay.record:run_trace_record"),
     Command("trace synth", "synthesize a trace calibrated to the Stream2LLM workloads",
             "load_tests.trace_synth:add_trace_synth_args", "load_tests.trace_synth:run_trace_synth"),
     Command("trace stats", "a trace's statistics beside the Stream2LLM figures",

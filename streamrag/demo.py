@@ -73,8 +73,8 @@ async def record_retrieval(targets: dict[str, str], question: str):
     trace query: every chunk in arrival order, with its arrival time, the last one final."""
     from orchestrator.ask import DEFAULT_DEADLINE_MS, DEFAULT_TOP_K
     from protos import retriever_pb2, retriever_pb2_grpc
-    from retriever_svc.trace import TraceQuery, check_query
-    from retriever_svc.trace_record import chunk_from_proto
+    from retriever_svc.replay.record import chunk_from_proto
+    from retriever_svc.replay.trace import TraceQuery, check_query
     from servicekit.server import MAX_MESSAGE_BYTES
 
     started = time.monotonic()
@@ -238,7 +238,7 @@ def print_comparison(streamed: orchestrator_pb2.AskDone, baseline: orchestrator_
 
 
 def run_demo(args: argparse.Namespace) -> int:
-    from retriever_svc.trace import TraceHeader, write_trace
+    from retriever_svc.replay.trace import TraceHeader, write_trace
     from streamrag.stack.plan import replay_target
     from streamrag.stack.state import log_path, resolve_run_dir, use_stack_key
 

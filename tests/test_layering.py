@@ -56,11 +56,12 @@ RETRIEVER_ROOMS = {
     "collections": {"corpus", "anns.stages"},
     "anns": {"corpus", "collections"},
     "milvus": {"corpus", "anns", "collections"},
+    "replay": set(),                            # a trace needs nothing of the other retrievers
 }
-# The top of retriever_svc: the service that starts and serves the rooms (server, server_args, service),
-# what several kinds share (stability), and the replay retriever (replay, trace, trace_record).
+# The top of retriever_svc: the service that starts and serves the rooms (server, server_args, service) and
+# what several kinds share (stability).
 RETRIEVER_SHARED = {"service", "server_args", "stability"}
-RETRIEVER_TOP = {"__init__", "server", "server_args", "service", "stability", "replay", "trace", "trace_record"}
+RETRIEVER_TOP = {"__init__", "server", "server_args", "service", "stability"}
 
 
 def imported_names(path: Path) -> set[str]:

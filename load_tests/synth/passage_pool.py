@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from load_tests.synth.tokens import TokenCounter
-from retriever_svc.trace import TraceDocument
+from retriever_svc.replay.trace import TraceDocument
 
 _SENTENCE_END = re.compile(r"(?<=[.!?])\s+")
 

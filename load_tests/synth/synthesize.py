@@ -20,7 +20,7 @@ from load_tests.synth.models import MODELS, WORKLOADS, WorkloadModel
 from load_tests.synth.passage_pool import PassagePool
 from load_tests.synth.published import CALIBRATION_SOURCE, PUBLISHED, scaled_targets
 from load_tests.synth.tokens import TokenCounter
-from retriever_svc.trace import TraceChunk, TraceDocument, TraceHeader, TraceQuery, TraceStage
+from retriever_svc.replay.trace import TraceChunk, TraceDocument, TraceHeader, TraceQuery, TraceStage
 
 GENERATOR = "streamrag trace synth"
 EMBEDDED_CONTEXT_TOKENS = 8192

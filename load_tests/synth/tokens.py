@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 from typing import Any, Protocol
 
-from retriever_svc.trace import TraceDocument
+from retriever_svc.replay.trace import TraceDocument
 
 APPROX_TOKENS_PER_WORD = 1.211       # SmolLM2 tokens / approx words over python-3.11-docs
 

@@ -12,7 +12,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from load_tests.synth.published import INVALIDATION_THRESHOLD, PUBLISHED, scaled_targets
-from retriever_svc.trace import TraceDocument, TraceQuery
+from retriever_svc.replay.trace import TraceDocument, TraceQuery
 from servicekit.stats import percentile
 
 

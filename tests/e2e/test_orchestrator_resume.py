@@ -25,8 +25,8 @@ import redis
 from orchestrator.lifecycle_store import request_key
 from orchestrator.resume import PROMPT_FIELD
 from protos import inference_pb2, orchestrator_pb2
-from retriever_svc.replay import ReplayBackend
-from retriever_svc.trace import Trace, TraceChunk, TraceDocument, TraceQuery
+from retriever_svc.replay.backend import ReplayBackend
+from retriever_svc.replay.trace import Trace, TraceChunk, TraceDocument, TraceQuery
 from streamrag.ask import StatusLine, stream_answer
 from tests.support.gateway import RunningGateway
 from tests.support.inference import RunningInference

@@ -103,7 +103,7 @@ async def test_a_channel_with_a_key_presents_it_on_every_kind_of_call():
     """servicekit.channels.open_channel(api_key=...) against a real retriever that wants a key: a
     streamed Retrieve passes with the key, and is refused with another or none."""
     from protos import retriever_pb2, retriever_pb2_grpc
-    from retriever_svc.replay import ReplayBackend
+    from retriever_svc.replay.backend import ReplayBackend
     from servicekit.channels import open_channel
     from tests.support.retrievers import serving_retriever
     from tests.support.stack import SLOW_TRACE

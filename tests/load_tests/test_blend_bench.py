@@ -8,7 +8,7 @@ import random
 from collections import Counter
 
 from load_tests.blend_bench import FRACTIONS, make_requests, slowest, summarize, zipf_draws
-from retriever_svc.trace import TraceChunk, TraceQuery
+from retriever_svc.replay.trace import TraceChunk, TraceQuery
 
 QUESTIONS = [{"id": f"q{i}", "question": f"question {i}?", "pages": [f"p{i}.html"]} for i in range(10)]
 OWN = {q["id"]: [(f"{q['id']}:{n}", f"text {q['id']} {n}") for n in range(3)] for q in QUESTIONS}

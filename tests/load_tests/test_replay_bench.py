@@ -15,7 +15,7 @@ from load_tests.plots import ccdf, config_label, write_plots
 from load_tests.replay import add_bench_replay_args, run_bench_replay, service_flags
 from load_tests.replay_run import final_documents, poisson_arrivals, scale_query
 from load_tests.report import BASELINE_ONCE_KEYS, add_speedups, render_report
-from retriever_svc.trace import TraceChunk, TraceDocument, TraceHeader, TraceQuery, read_trace, write_trace
+from retriever_svc.replay.trace import TraceChunk, TraceDocument, TraceHeader, TraceQuery, read_trace, write_trace
 from servicekit.stats import percentile
 
 SENTENCE = ("generators yield values lazily while a list comprehension builds a whole list at once and "

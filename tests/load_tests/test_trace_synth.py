@@ -20,7 +20,7 @@ from load_tests.synth.trace_stats import measure_query, measure_trace, statistic
 from load_tests.trace_synth import add_trace_synth_args, run_trace_synth
 from retriever_svc.corpus.passages import Passage
 from retriever_svc.corpus.store import write_store
-from retriever_svc.trace import read_trace
+from retriever_svc.replay.trace import read_trace
 
 SENTENCES = [
     "The open function returns a file object that reads or writes text in the chosen encoding.",

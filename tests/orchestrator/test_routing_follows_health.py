@@ -16,7 +16,7 @@ import redis
 
 from orchestrator.lifecycle_store import REDIS_GAP, events_key, request_key
 from protos import common_pb2, orchestrator_pb2
-from retriever_svc.trace import TraceChunk, TraceDocument, TraceQuery, write_trace
+from retriever_svc.replay.trace import TraceChunk, TraceDocument, TraceQuery, write_trace
 from servicekit.health import check_health
 from tests.support.inference import InferenceProcess
 from tests.support.orchestrator import RunningOrchestrator

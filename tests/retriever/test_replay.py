@@ -15,10 +15,10 @@ import grpc
 import pytest
 
 from protos import retriever_pb2, retriever_pb2_grpc
-from retriever_svc.replay import ReplayBackend, build_backend, chunk_to_proto, load_backend, stable_index
+from retriever_svc.replay.backend import ReplayBackend, build_backend, chunk_to_proto, load_backend, stable_index
+from retriever_svc.replay.record import add_trace_record_args, load_queries, record_trace, run_trace_record
+from retriever_svc.replay.trace import Trace, TraceChunk, TraceDocument, TraceQuery, TraceStage, read_trace, write_trace
 from retriever_svc.service import InvalidQuery, RetrievalQuery
-from retriever_svc.trace import Trace, TraceChunk, TraceDocument, TraceQuery, TraceStage, read_trace, write_trace
-from retriever_svc.trace_record import add_trace_record_args, load_queries, record_trace, run_trace_record
 from tests.support.retrievers import serving_retriever
 
 

@@ -1,4 +1,4 @@
-"""The trace format (retriever_svc/trace.py): round trips, and line-numbered validation errors."""
+"""The trace format (retriever_svc/replay/trace.py): round trips, and line-numbered validation errors."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from retriever_svc.trace import (
+from retriever_svc.replay.trace import (
     FORMAT_NAME,
     Trace,
     TraceChunk,

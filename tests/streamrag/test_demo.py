@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from protos import common_pb2
-from retriever_svc.trace import read_trace
+from retriever_svc.replay.trace import read_trace
 from streamrag.ask import source_line, unique_sources
 from streamrag.stack import state
 from tests.support.stack import streamrag

@@ -30,8 +30,8 @@ from retriever_svc.anns.index import AnnsIndex
 from retriever_svc.collections.registry import CollectionRegistry, DefaultCollection
 from retriever_svc.corpus.web_server import CorpusServer
 from retriever_svc.crawler import CrawlerBackend, CrawlerSettings
-from retriever_svc.replay import ReplayBackend
-from retriever_svc.trace import Trace, TraceChunk, TraceDocument, TraceQuery
+from retriever_svc.replay.backend import ReplayBackend
+from retriever_svc.replay.trace import Trace, TraceChunk, TraceDocument, TraceQuery
 from streamrag.stack import processes, state
 from tests.support.inference import RunningInference
 from tests.support.orchestrator import RunningOrchestrator

@@ -23,7 +23,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from retriever_svc.trace import TraceChunk, TraceDocument, TraceHeader, TraceQuery, TraceStage, TraceWriter, check_query
+from retriever_svc.replay.trace import (
+    TraceChunk,
+    TraceDocument,
+    TraceHeader,
+    TraceQuery,
+    TraceStage,
+    TraceWriter,
+    check_query,
+)
 from servicekit.progress import say
 
 if TYPE_CHECKING:

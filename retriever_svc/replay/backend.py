@@ -25,9 +25,9 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 from protos import common_pb2, retriever_pb2
+from retriever_svc.replay.trace import Trace, TraceChunk, TraceFormatError, TraceQuery, read_trace
 from retriever_svc.service import InvalidQuery, RetrievalQuery
 from retriever_svc.stability import stability_hints
-from retriever_svc.trace import Trace, TraceChunk, TraceFormatError, TraceQuery, read_trace
 
 MODES = {"append": retriever_pb2.CHUNK_MODE_APPEND, "update": retriever_pb2.CHUNK_MODE_UPDATE}
 
