@@ -3,7 +3,7 @@ non-final refinement is to still be there after the next one.
 
 An ANNS search with a growing list size L (AquaPipe-style early results) refines its top-k
 stage by stage. What churns is the tail of the list, near the cutoff: measured on the
-synthesized ANNS trace of `scripts/bench_paper.sh` (30 queries, 862 stage-to-stage document
+synthesized ANNS trace of `streamrag bench paper traces` (30 queries, 862 stage-to-stage document
 transitions), every document in the top half of a stage's list was still there at the next
 stage, and 85-88% of those in the bottom half were, whether they had just entered or not.
 So a document's hint is its rank's survival rate: `TOP` in the top half, `TAIL` below. Both

@@ -8,7 +8,7 @@ own counters (the native engine: `budget`, the step's token budget, `step_ms`, i
 scheduling to sampling, and, when steps are bounded in time, `predicted_ms`, what the step-time model
 of step_budget.py predicted for it). `gc_ms` is the time the process spent in Python's garbage collector since the
 previous line, and `gc_gen2` how many of those collections were full (generation 2) ones: a step
-that takes far longer than its tokens explain can be checked against it. `python -m load_tests.who`
+that takes far longer than its tokens explain can be checked against it. `streamrag bench who`
 reads the log beside a `bench replay` run: whose work ran while a slow request waited for its
 first token.
 """
