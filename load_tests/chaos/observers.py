@@ -21,14 +21,14 @@ from dataclasses import dataclass, field
 from load_tests.chaos.workload import AskOutcome, orchestrator_channel
 
 
-def close_sessions(address: str, key: str | None, prefix: str = "chaos-") -> list[str]:
-    """Close every session whose id starts with `prefix`; returns their ids."""
+def close_sessions(address: str, key: str | None, prefix: str = "chaos-", tls=None) -> list[str]:
+    """Close every session whose id starts with `prefix`; returns their ids. (`tls`: as orchestrator_channel's.)"""
     import grpc
 
     from protos import sessions_pb2, sessions_pb2_grpc
 
     closed = []
-    with orchestrator_channel(address, key) as channel:
+    with orchestrator_channel(address, key, tls) as channel:
         stub = sessions_pb2_grpc.SessionsStub(channel)
         try:
             listed = stub.ListSessions(sessions_pb2.ListSessionsRequest(), timeout=30).sessions
@@ -86,17 +86,18 @@ RESUME_KINDS = ("CONTINUED", "RESUMED")
 
 
 def lost_events(address: str, key: str | None, asks: list[AskOutcome], settle_s: float = 30.0,
-                continued: dict[str, list[dict]] | None = None) -> list[LostEvents]:
+                continued: dict[str, list[dict]] | None = None, tls=None) -> list[LostEvents]:
     """Compare what each acknowledged ask's client saw with the store; one entry per ask with a shortfall.
     A record not yet FINISHED is read again for up to `settle_s` (the store writes behind). `continued`,
-    when given, gets each ask's resume events ({request id: [{"kind", "unix_ms", fields...}]})."""
+    when given, gets each ask's resume events ({request id: [{"kind", "unix_ms", fields...}]}). `tls`: as
+    orchestrator_channel's."""
     import grpc
 
     from protos import orchestrator_pb2, orchestrator_pb2_grpc
 
     lost = []
     deadline = time.monotonic() + settle_s
-    with orchestrator_channel(address, key) as channel:
+    with orchestrator_channel(address, key, tls) as channel:
         stub = orchestrator_pb2_grpc.OrchestratorStub(channel)
         for ask in (a for a in asks if a.ok and a.request_id):
             unreadable_code = ""

@@ -148,7 +148,7 @@ def soak(stack, options: SoakOptions, settings: dict | None = None) -> dict:
     settings = {**asdict(options), **(settings or {}), "dtype": stack.dtype,
                 "orchestrators": len(stack.orchestrator.split(","))}
     specs = ask_mix(load_questions(options.questions), options.seed)
-    clients = Clients(stack.orchestrator, stack.key, options.wait_for_ready)
+    clients = Clients(stack.orchestrator, stack.key, options.wait_for_ready, stack.tls)
     try:
         return _soak(stack, options, settings, specs, clients)
     finally:
@@ -170,7 +170,7 @@ def _soak(stack, options: SoakOptions, settings: dict, specs, clients) -> dict:
     plans = schedule(options.duration_s, options.fault_every_s, options.faults)
     users = Users(clients, specs, options.users, options.deadline_s, options.max_tokens, options.think_s,
                   options.seed)
-    session = IngestingSession(stack.orchestrator, stack.key)
+    session = IngestingSession(stack.orchestrator, stack.key, stack.tls)
     probe = RecoveryProbe(clients, load_questions(1)[0], options.deadline_s)
     injector = FaultInjector(stack, plans, options.stop_s, options.recover_timeout_s, say=say,
                              on_signal=probe.probe)
@@ -196,10 +196,10 @@ def _soak(stack, options: SoakOptions, settings: dict, specs, clients) -> dict:
     say(f"soak over: {len(users.outcomes)} asks; waiting for every service to be up")
     names = [n for n in stack.services if n not in ("gateway",)]
     wait_until("services still down", lambda: all(stack.is_up(n) for n in names), options.recover_timeout_s)
-    closed = close_sessions(stack.orchestrator, stack.key)
+    closed = close_sessions(stack.orchestrator, stack.key, tls=stack.tls)
     leaked = leaked_blocks(stack)
     continued: dict[str, list[dict]] = {}
-    lost = lost_events(stack.orchestrator, stack.key, users.outcomes, continued=continued)
+    lost = lost_events(stack.orchestrator, stack.key, users.outcomes, continued=continued, tls=stack.tls)
     answers = compare_answers(reference, users.outcomes)
     addresses = {r.name: r.target for r in stack.replicas}
     report = summarize(users.outcomes, session.calls, injector.records, lost, leaked, answers, addresses, t0, t_end,

@@ -1,10 +1,12 @@
 """Where the soak finds the stack's services and how it hurts them: `streamrag up`'s run directory
 (processes) or a compose project (containers).
 
-Both give the same few things: the orchestrators' addresses and key, the inference replicas, an
-`incarnation` of each service that changes when it is started again, whether it is up (running
-and answering its health check), a signal (`kill`: SIGKILL; `stop`/`cont`: SIGSTOP/SIGCONT) and
-each replica's KV pools (free, total) and what holds them, for the leak check.
+Both give the same few things: the orchestrators' addresses, the key and the TLS files a client
+dials them with (`tls`: None for plaintext; for a stack with mutual TLS, a client certificate and
+the CA), the inference replicas, an `incarnation` of each service that changes when it is started
+again, whether it is up (running and answering its health check), a signal (`kill`: SIGKILL;
+`stop`/`cont`: SIGSTOP/SIGCONT) and each replica's KV pools (free, total) and what holds them, for
+the leak check.
 
 The run directory is read as `streamrag.stack.state` writes it (state.json: per service its
 name, kind, health target, pid and /proc start time); `load_tests` may not import `streamrag`, so
@@ -19,11 +21,13 @@ import os
 import signal
 import subprocess
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
 
 from servicekit.health import check_health
+from servicekit.tls import TlsFiles
 
 SIGNALS = {"kill": signal.SIGKILL, "stop": signal.SIGSTOP, "cont": signal.SIGCONT}
 # How each kind of service in state.json is probed (the local stack's plan says the same).
@@ -47,13 +51,15 @@ def start_ticks(pid: int) -> int | None:
     return None if fields[0] in ("Z", "X") else int(fields[19])
 
 
-def replica_stats(address: str, timeout_s: float = 5.0) -> dict:
-    """One inference replica's KV pools {pool: [free, total]} and what holds them (GetStats)."""
+def replica_stats(address: str, tls: TlsFiles | None = None, timeout_s: float = 5.0) -> dict:
+    """One inference replica's KV pools {pool: [free, total]} and what holds them (GetStats); over TLS
+    when `tls` names a CA."""
     import grpc
 
     from protos import inference_pb2, inference_pb2_grpc
 
-    with grpc.insecure_channel(address) as channel:
+    with (grpc.secure_channel(address, tls.channel_credentials()) if tls is not None and tls.ca is not None
+          else grpc.insecure_channel(address)) as channel:
         stats = inference_pb2_grpc.InferenceStub(channel).GetStats(inference_pb2.GetStatsRequest(),
                                                                    timeout=timeout_s).stats
     return {"pools": {p.name: [p.free_blocks, p.total_blocks] for p in stats.pools}, "sessions": stats.num_sessions,
@@ -72,6 +78,11 @@ class LocalStack:
         self.orchestrator = ",".join(s["target"] for s in state["services"] if s["kind"] == "orchestrator")
         key_file = state["options"].get("api_key_file")
         self.key = Path(key_file).read_text().strip() if key_file else os.environ.get("STREAMRAG_API_KEY") or None
+        # a stack up with --tls-dir: the `client` certificate, as its own checks and `streamrag ask` present
+        # (streamrag.stack.tls.stack_client_tls)
+        tls_dir = state["options"].get("tls_dir")
+        self.tls = TlsFiles(Path(tls_dir) / "client.crt", Path(tls_dir) / "client.key", Path(tls_dir) / "ca.crt") \
+            if tls_dir else None
         self.dtype = state["options"].get("dtype", "")
         self.services = {s["name"]: ServiceInfo(s["name"], s["kind"], s["target"]) for s in state["services"]}
 
@@ -106,7 +117,7 @@ class LocalStack:
     def is_up(self, name: str, timeout_s: float = 2.0) -> bool:
         service = self.services[name]
         return self.incarnation(name) is not None and \
-            check_health(CHECK_OF_KIND[service.kind], service.target, timeout_s) is None
+            check_health(CHECK_OF_KIND[service.kind], service.target, timeout_s, self.tls) is None
 
     def signal(self, name: str, action: str) -> str:
         """Send `action`'s signal to the service's process group; returns what was hit ("pid 123")."""
@@ -118,26 +129,51 @@ class LocalStack:
         return f"pid {pid}"
 
     def replica_stats(self, replica: ServiceInfo) -> dict:
-        return replica_stats(replica.target)
+        return replica_stats(replica.target, self.tls)
+
+
+# Run in a replica's container (`exec`, the replicas are not published), with protos and servicekit alone:
+# its GetStats as JSON, over the replica's own TLS files when compose's TLS override gives it some (its
+# certificate names 127.0.0.1, and the replica takes it from a caller as any the CA signed).
+REPLICA_STATS = """
+import json, os
+from pathlib import Path
+import grpc
+from protos import inference_pb2, inference_pb2_grpc
+from servicekit.tls import TlsFiles
+cert, key, ca = (os.environ.get(f"STREAMRAG_INFERENCE_TLS_{part}") for part in ("CERT", "KEY", "CA"))
+address = "127.0.0.1:%d"
+channel = grpc.secure_channel(address, TlsFiles(Path(cert), Path(key), Path(ca)).channel_credentials()) \\
+    if ca else grpc.insecure_channel(address)
+with channel:
+    s = inference_pb2_grpc.InferenceStub(channel).GetStats(inference_pb2.GetStatsRequest(), timeout=5).stats
+print(json.dumps({"pools": {p.name: [p.free_blocks, p.total_blocks] for p in s.pools}, "sessions": s.num_sessions,
+                  "running": s.num_running, "waiting": s.num_waiting, "swapped": s.num_swapped}))
+"""
 
 
 class ComposeStack:
-    """A compose project's containers (`docker-compose -p PROJECT -f FILE`), the orchestrator published on
-    `orchestrator`. A kill is SIGKILL of the container's main process from the host: Docker counts
-    `docker kill` as a deliberate stop and its restart policy leaves the container down, while a
-    crash is restarted. A freeze is `docker kill -s STOP` (and `-s CONT`), which leaves it running."""
+    """A compose project's containers (`COMPOSE -p PROJECT -f FILE -f ...`, the files in the order `up` was
+    given them). `orchestrator` is where the host reaches every orchestrator ("127.0.0.1:p,127.0.0.1:q": the
+    project must publish their ports, which compose/docker-compose.yml does not; tests/compose's chaos override
+    does), dialed with `key` and `tls` as a client of the stack would. A kill is SIGKILL of the container's
+    main process from the host: Docker counts `docker kill` as a deliberate stop and its restart policy
+    leaves the container down, while a crash is restarted. A freeze is `docker kill -s STOP` (and `-s CONT`),
+    which leaves it running."""
 
     REPLICAS = ("inference-0", "inference-1")
     KINDS: ClassVar[dict[str, str]] = {
         "redis": "redis", "corpus": "corpus", "anns": "retriever", "crawler": "retriever",
-        "inference-0": "inference", "inference-1": "inference", "orchestrator": "orchestrator"}
+        "inference-0": "inference", "inference-1": "inference", "orchestrator": "orchestrator",
+        "orchestrator-1": "orchestrator"}
     REPLICA_PORT = 50052
 
-    def __init__(self, compose: list[str], project: str, compose_file: Path, orchestrator: str,
-                 cwd: Path, env: dict[str, str] | None = None, key: str | None = None) -> None:
-        self.base = [*compose, "-p", project, "-f", str(compose_file)]
-        self.cwd, self.env, self.orchestrator, self.key = cwd, env, orchestrator, key
-        self.dtype = "auto"            # the images serve the default dtype (bf16 where the CPU has it)
+    def __init__(self, compose: list[str], project: str, files: Sequence[Path | str], orchestrator: str,
+                 cwd: Path, env: dict[str, str] | None = None, key: str | None = None, tls: TlsFiles | None = None,
+                 dtype: str = "auto") -> None:
+        self.base = [*compose, "-p", project, *(arg for file in files for arg in ("-f", str(file)))]
+        self.cwd, self.env, self.orchestrator, self.key, self.tls = cwd, env, orchestrator, key, tls
+        self.dtype = dtype             # what the replicas serve ("auto": the images' default, bf16 where the CPU has)
         self.services = {name: ServiceInfo(name, kind, name) for name, kind in self.KINDS.items()}
 
     def _container(self, name: str) -> str:
@@ -173,13 +209,10 @@ class ComposeStack:
         return f"container {name}"
 
     def replica_stats(self, replica: ServiceInfo) -> dict:
-        """Read inside the container (the replicas are not published), through protos alone."""
-        code = ("import json, grpc; from protos import inference_pb2 as p, inference_pb2_grpc as g; "
-                f"s = g.InferenceStub(grpc.insecure_channel('127.0.0.1:{self.REPLICA_PORT}'))"
-                ".GetStats(p.GetStatsRequest(), timeout=5).stats; "
-                "print(json.dumps({'pools': {x.name: [x.free_blocks, x.total_blocks] for x in s.pools}, "
-                "'sessions': s.num_sessions, 'running': s.num_running, 'waiting': s.num_waiting, "
-                "'swapped': s.num_swapped}))")
-        out = subprocess.run(["docker", "exec", self._container(replica.name), "python", "-c", code],
-                             capture_output=True, text=True, timeout=60, check=True)
-        return json.loads(out.stdout)
+        """Read inside the replica's container (REPLICA_STATS)."""
+        out = subprocess.run(["docker", "exec", "-i", self._container(replica.name), "python", "-"],
+                             input=REPLICA_STATS % self.REPLICA_PORT, capture_output=True, text=True, timeout=60)
+        if out.returncode != 0:
+            raise RuntimeError(f"GetStats in {replica.name}'s container failed ({out.returncode}): "
+                               f"{out.stderr.strip()[-300:]}")
+        return json.loads(out.stdout.strip().splitlines()[-1])

@@ -90,30 +90,32 @@ def needs(spec: AskSpec) -> tuple[str, ...]:
     return ("anns", "crawler") if spec.retriever == "both" else (spec.retriever,)
 
 
-def orchestrator_channel(address: str, key: str | None):
-    """A sync channel over every orchestrator in `address` ("a:port,b:port"), as the CLI dials them."""
+def orchestrator_channel(address: str, key: str | None, tls=None):
+    """A sync channel over every orchestrator in `address` ("a:port,b:port"), as the CLI dials them; over TLS
+    with `tls` (servicekit.tls.TlsFiles: the stack's client certificate and CA)."""
     from servicekit.auth import keyed_channel
     from servicekit.channels import KEEPALIVE_OPTIONS, RECONNECT_OPTIONS, spread_options, spread_target
 
-    return keyed_channel(spread_target(address), key=key,
+    return keyed_channel(spread_target(address), key=key, tls=tls,
                          options=(*RECONNECT_OPTIONS, *KEEPALIVE_OPTIONS, *spread_options(wait_for_ready=False)))
 
 
 class Clients:
     """The soak's Ask clients: one `grpc.aio` channel over every orchestrator, on one asyncio loop in a
     thread. `ask(spec, ...)` blocks the calling thread until that Ask ends. With `wait_for_ready` a call
-    made while no orchestrator is ready waits for one within its deadline (`spread_options`)."""
+    made while no orchestrator is ready waits for one within its deadline (`spread_options`). With `tls`
+    (servicekit.tls.TlsFiles) the channel dials with TLS, presenting its certificate."""
 
-    def __init__(self, address: str, key: str | None, wait_for_ready: bool = True) -> None:
+    def __init__(self, address: str, key: str | None, wait_for_ready: bool = True, tls=None) -> None:
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, name="chaos-clients", daemon=True)
         self.thread.start()
-        self.channel = self._run(self._open(address, key, wait_for_ready))
+        self.channel = self._run(self._open(address, key, wait_for_ready, tls))
 
-    async def _open(self, address: str, key: str | None, wait_for_ready: bool):
+    async def _open(self, address: str, key: str | None, wait_for_ready: bool, tls):
         from servicekit.channels import open_channel, spread_options, spread_target
 
-        return open_channel(spread_target(address), options=spread_options(wait_for_ready=wait_for_ready),
+        return open_channel(spread_target(address), tls, options=spread_options(wait_for_ready=wait_for_ready),
                             api_key=key)
 
     def _run(self, coro):
@@ -301,6 +303,7 @@ class IngestingSession:
 
     address: str
     key: str | None
+    tls: object = None                 # servicekit.tls.TlsFiles: dial with TLS (the stack's client certificate)
     every_s: float = 2.0
     deadline_s: float = 60.0
     calls: list[CallOutcome] = field(default_factory=list)
@@ -333,7 +336,7 @@ class IngestingSession:
     def _run(self) -> None:
         from protos import common_pb2, sessions_pb2, sessions_pb2_grpc
 
-        with orchestrator_channel(self.address, self.key) as channel:
+        with orchestrator_channel(self.address, self.key, self.tls) as channel:
             stub = sessions_pb2_grpc.SessionsStub(channel)
             batch, created = 0, False
             while not self.quit.is_set():

@@ -81,8 +81,9 @@ def free_port() -> int:
 
 
 class ComposeStack:
-    def __init__(self, overrides: tuple[str, ...] = ()) -> None:
-        """`overrides`: more compose files, after docker-compose.yml and docker-compose.tls.yml."""
+    def __init__(self, overrides: tuple[str, ...] = (), env: dict[str, str] | None = None) -> None:
+        """`overrides`: more compose files, after docker-compose.yml and docker-compose.tls.yml; `env`: more
+        variables for compose (those the overrides read)."""
         self.files = ["compose/docker-compose.yml", "compose/docker-compose.tls.yml", *overrides]
         self.compose = ["docker-compose"] if shutil.which("docker-compose") else ["docker", "compose"]
         self.port = free_port()
@@ -91,7 +92,7 @@ class ComposeStack:
         subprocess.run(["bash", "scripts/make_certs.sh", str(self.certs)], cwd=ROOT, check=True, capture_output=True,
                        timeout=120)
         self.env = dict(os.environ, COMPOSE_PROJECT_NAME=PROJECT, STREAMRAG_GATEWAY_PORT=str(self.port),
-                        STREAMRAG_API_KEY=self.key, STREAMRAG_TLS_DIR=str(self.certs))
+                        STREAMRAG_API_KEY=self.key, STREAMRAG_TLS_DIR=str(self.certs), **(env or {}))
         # The defaults of scripts/build_compose_images.sh (no registry): set these to build from a registry's images.
         for name, default in (("STREAMRAG_BASE_IMAGE", "local/python:3.11"), ("STREAMRAG_REDIS_IMAGE", "local/redis:7"),
                               ("STREAMRAG_TORCH_INDEX_URL", "https://pypi.org/simple"),
@@ -171,13 +172,14 @@ def stack(request):
 
 
 @contextlib.contextmanager
-def running_stack(request, overrides: tuple[str, ...] = ()):
-    """Build the images, `up -d` the stack (with `overrides`), wait for the gateway; `down -v` after."""
+def running_stack(request, overrides: tuple[str, ...] = (), env: dict[str, str] | None = None):
+    """Build the images, `up -d` the stack (with `overrides`, and `env` for compose), wait for the gateway;
+    `down -v` after."""
     docker = subprocess.run(["docker", "info"], capture_output=True, text=True, timeout=60) \
         if shutil.which("docker") else None
     if docker is None or docker.returncode != 0:
         pytest.fail("the compose suite needs a running dockerd (start it: `dockerd &`)")
-    s = ComposeStack(overrides)
+    s = ComposeStack(overrides, env)
     t_all = time.monotonic()
     s.run("down", "-v", "--remove-orphans", check=False)          # what an interrupted run left
     try:
