@@ -21,6 +21,7 @@ import pytest
 from tests.support.stack import STREAMRAG, processes_in
 
 
+@pytest.mark.slow            # about 3 minutes: the longest test by far (`bash scripts/test.sh --run-slow`)
 @pytest.mark.timeout(1500)
 def test_a_short_soak_with_a_killed_replica_and_orchestrator_and_a_frozen_replica_meets_the_behavioural_targets(
         tiny_index: Path, run_dir: Path, tmp_path: Path):
