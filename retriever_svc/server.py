@@ -72,7 +72,8 @@ def build_runner(config: ServiceConfig, backend: RetrieverBackend, metrics: Retr
 async def serve(args: argparse.Namespace) -> None:
     configure_logging(args.log_level)
     api_keys, tls = load_api_keys(args.api_key_file), tls_from_args(args)   # checked before the index loads
-    runner, background = build_runner(service_config(args), build_backend(args), api_keys=api_keys, tls=tls)
+    backend = build_backend(args)
+    runner, background = build_runner(service_config(args), backend, api_keys=api_keys, tls=tls)
     port = await runner.start()
     tasks = [asyncio.ensure_future(work()) for work in background]
     security = ", ".join(note for note in ("API key required" if api_keys else "", tls_note(tls)) if note)
@@ -81,6 +82,7 @@ async def serve(args: argparse.Namespace) -> None:
     await runner.wait()
     for task in tasks:
         task.cancel()
+    await asyncio.to_thread(backend.close)
 
 
 def main(args: argparse.Namespace) -> int:

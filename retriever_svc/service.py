@@ -49,6 +49,10 @@ class RetrieverBackend(Protocol):
 
     def describe(self) -> retriever_pb2.RetrieverInfo: ...
 
+    def close(self) -> None:
+        """At shutdown, after the server stopped: stop what the backend runs in the background."""
+        ...
+
 
 class InvalidQuery(ValueError):
     """Malformed input: INVALID_ARGUMENT."""

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import logging
 import threading
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from pathlib import Path
@@ -25,7 +26,7 @@ import numpy as np
 from protos import common_pb2, retriever_pb2
 from retriever_svc.anns.index import AnnsIndex, recall
 from retriever_svc.anns.stages import Stage
-from retriever_svc.collections.registry import CollectionRegistry, DefaultCollection
+from retriever_svc.collections.registry import BUILD_STOP_TIMEOUT_S, CollectionRegistry, DefaultCollection
 from retriever_svc.corpus.embedding import EMBEDDING_DIM
 from retriever_svc.corpus.index import default_index_dir, read_manifest
 from retriever_svc.corpus.passages import Passage
@@ -40,6 +41,7 @@ MAX_BEAM_WIDTH = 64
 INGEST_BATCH = 8            # passages embedded per turn of the embedding lock while adding files
 QUERY_PRIORITY_MAX_WAIT_S = 1.0   # ingestion waits for queries to be embedded, but not forever
 OPTIONS = frozenset({"l_schedule", "beam_width", "measure_recall"})
+log = logging.getLogger(__name__)
 
 
 def parse_schedule(text: str) -> tuple[int, ...]:
@@ -89,6 +91,11 @@ class AnnsBackend:
     def index(self) -> AnnsIndex | None:
         """The default collection's index (None while it builds)."""
         return self.collections.default.index
+
+    def close(self) -> None:
+        """At shutdown: a background build of the default index stops at its next commit."""
+        if not self.collections.default.stop_building():
+            log.warning("the default index build did not stop within %.0f s", BUILD_STOP_TIMEOUT_S)
 
     def embed(self, text: str) -> np.ndarray:
         with self._queries:

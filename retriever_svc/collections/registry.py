@@ -25,6 +25,7 @@ from retriever_svc.service import (
 )
 
 DEFAULT_COLLECTION = "default"
+BUILD_STOP_TIMEOUT_S = 30.0     # at shutdown, the longest wait for a background build to reach its next commit
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}")
 log = logging.getLogger(__name__)
 
@@ -42,6 +43,10 @@ def default_collections_root() -> Path:
     return default_cache_dir() / "collections"
 
 
+class BuildStopped(Exception):
+    """Raised inside a background build by its progress report once the service is stopping."""
+
+
 class DefaultCollection:
     """The bundled, read-only index; `index` is None until it is opened (or built)."""
 
@@ -51,6 +56,8 @@ class DefaultCollection:
         self.index = index              # an anns.index.AnnsIndex
         self.progress = ""              # while building: what the build is doing
         self.error = ""
+        self._stopping = threading.Event()
+        self._build: threading.Thread | None = None
 
     def ready(self):
         if self.index is not None:
@@ -62,21 +69,36 @@ class DefaultCollection:
                                    + "; ask with --retriever crawler meanwhile")
 
     def build_in_background(self, build: Callable[[Callable[[str], None]], object]) -> threading.Thread:
-        """Run `build(report_progress)` in a thread; it returns the opened index."""
+        """Run `build(report_progress)` in a thread; it returns the opened index. The build reports after each
+        commit (corpus.checkpoint), and that is where `stop_building` stops it."""
         def run() -> None:
             try:
                 self.index = build(self._report)
                 self.progress = ""
+            except BuildStopped:
+                log.info("the default index build stopped for shutdown (%s); the next start resumes it from "
+                         "its last commit", self.progress or "not started")
             except Exception as exc:      # reported through ready(), and logged
                 log.exception("building the default index failed")
                 self.error = f"building it failed: {exc}"
 
-        thread = threading.Thread(target=run, name="default-index-build", daemon=True)
-        thread.start()
-        return thread
+        self._build = threading.Thread(target=run, name="default-index-build", daemon=True)
+        self._build.start()
+        return self._build
 
     def _report(self, progress: str) -> None:
+        if self._stopping.is_set():
+            raise BuildStopped
         self.progress = progress
+
+    def stop_building(self, timeout_s: float = BUILD_STOP_TIMEOUT_S) -> bool:
+        """Stop a background build at its next report (after a commit, so nothing embedded is lost) and wait
+        for it: a process must not exit with the build inside the embedding runtime's native code, which
+        aborts the interpreter's shutdown (SIGABRT). True when no build is left running."""
+        self._stopping.set()
+        if self._build is not None:
+            self._build.join(timeout_s)
+        return self._build is None or not self._build.is_alive()
 
     def info(self) -> dict:
         state = "ready" if self.index is not None else ("failed" if self.error else "building")

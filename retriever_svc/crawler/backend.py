@@ -52,6 +52,9 @@ class CrawlerBackend:
             "max_page_bytes": str(s.max_page_bytes), "max_doc_chars": str(s.max_doc_chars),
             "min_relevance": str(s.min_relevance), "content_filter": f"bm25(threshold={s.bm25_threshold})"})
 
+    def close(self) -> None:
+        """Nothing runs in the background: each crawl belongs to its call and stops with it."""
+
 
 def build_backend(args: argparse.Namespace) -> CrawlerBackend:
     """The crawler backend from `streamrag serve retriever --kind crawler` flags."""

@@ -124,6 +124,9 @@ class ReplayBackend:
         return retriever_pb2.RetrieverInfo(kind=self.kind, corpus=self.name, num_documents=len(documents),
                                            facts=facts)
 
+    def close(self) -> None:
+        """Nothing runs in the background."""
+
 
 def load_backend(path: str | Path, time_scale: float = 1.0) -> ReplayBackend:
     """Read and validate `path` (TraceFormatError on a bad file) and serve it."""

@@ -130,3 +130,25 @@ def test_sigkill_of_the_anns_retriever_during_the_first_build_then_restart_resum
     manifest = json.loads((out / MANIFEST).read_text())
     assert (manifest["embedding_resumed_at"], manifest["passages_embedded"]) == (kept, from_scratch.size - kept)
     check_same_as_from_scratch(out, from_scratch)
+
+
+def test_sigterm_during_the_first_build_stops_it_at_a_commit_and_the_retriever_exits_cleanly(site, from_scratch,
+                                                                                              tmp_path):
+    """What `streamrag down` sends. The build stops at its next commit, keeping every passage committed, and the
+    process exits 0: it once left the build running into the interpreter's shutdown, inside the embedding
+    runtime's native code, and died of SIGABRT ("terminate called without an active exception")."""
+    out, collections = tmp_path / "index", tmp_path / "collections"
+    process = RetrieverProcess("anns", tmp_path / "build.log", "--index", str(out), "--build-from", str(site),
+                               "--collections", str(collections), "--build-commit-every", str(COMMIT_EVERY),
+                               wait=False)
+    try:
+        while (kept := committed(out)) == 0:
+            assert process.process.poll() is None, process.log_text()[-2000:]
+            time.sleep(0.02)
+    finally:
+        code = process.stop(120)
+    log = process.log_text()
+    assert code == 0, log[-2000:]
+    assert read_manifest(out) is None, "the build ended before the signal: make the site bigger"
+    assert "the default index build stopped for shutdown" in log, log[-2000:]
+    assert kept <= committed(out) < from_scratch.size
