@@ -16,6 +16,7 @@ service runs in its own session), as `docker kill` reaches a whole container.
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import signal
@@ -60,8 +61,13 @@ def replica_stats(address: str, tls: TlsFiles | None = None, timeout_s: float = 
 
     with (grpc.secure_channel(address, tls.channel_credentials()) if tls is not None and tls.ca is not None
           else grpc.insecure_channel(address)) as channel:
-        stats = inference_pb2_grpc.InferenceStub(channel).GetStats(inference_pb2.GetStatsRequest(),
-                                                                   timeout=timeout_s).stats
+        return stats_summary(inference_pb2_grpc.InferenceStub(channel).GetStats(inference_pb2.GetStatsRequest(),
+                                                                                timeout=timeout_s))
+
+
+def stats_summary(response) -> dict:
+    """What the leak check reads of a replica's GetStatsResponse."""
+    stats = response.stats
     return {"pools": {p.name: [p.free_blocks, p.total_blocks] for p in stats.pools}, "sessions": stats.num_sessions,
             "running": stats.num_running, "waiting": stats.num_waiting, "swapped": stats.num_swapped}
 
@@ -133,10 +139,11 @@ class LocalStack:
 
 
 # Run in a replica's container (`exec`, the replicas are not published), with protos and servicekit alone:
-# its GetStats as JSON, over the replica's own TLS files when compose's TLS override gives it some (its
-# certificate names 127.0.0.1, and the replica takes it from a caller as any the CA signed).
+# its GetStatsResponse, serialized in base64 (stats_summary reads it here), over the replica's own TLS files
+# when compose's TLS override gives it some (its certificate names 127.0.0.1, and the replica takes it from
+# a caller as any the CA signed).
 REPLICA_STATS = """
-import json, os
+import base64, os
 from pathlib import Path
 import grpc
 from protos import inference_pb2, inference_pb2_grpc
@@ -146,9 +153,8 @@ address = "127.0.0.1:%d"
 channel = grpc.secure_channel(address, TlsFiles(Path(cert), Path(key), Path(ca)).channel_credentials()) \\
     if ca else grpc.insecure_channel(address)
 with channel:
-    s = inference_pb2_grpc.InferenceStub(channel).GetStats(inference_pb2.GetStatsRequest(), timeout=5).stats
-print(json.dumps({"pools": {p.name: [p.free_blocks, p.total_blocks] for p in s.pools}, "sessions": s.num_sessions,
-                  "running": s.num_running, "waiting": s.num_waiting, "swapped": s.num_swapped}))
+    response = inference_pb2_grpc.InferenceStub(channel).GetStats(inference_pb2.GetStatsRequest(), timeout=5)
+print(base64.b64encode(response.SerializeToString()).decode())
 """
 
 
@@ -215,4 +221,7 @@ class ComposeStack:
         if out.returncode != 0:
             raise RuntimeError(f"GetStats in {replica.name}'s container failed ({out.returncode}): "
                                f"{out.stderr.strip()[-300:]}")
-        return json.loads(out.stdout.strip().splitlines()[-1])
+        from protos import inference_pb2
+
+        return stats_summary(inference_pb2.GetStatsResponse.FromString(
+            base64.b64decode(out.stdout.strip().splitlines()[-1])))
