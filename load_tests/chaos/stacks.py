@@ -52,15 +52,13 @@ def start_ticks(pid: int) -> int | None:
     return None if fields[0] in ("Z", "X") else int(fields[19])
 
 
-def replica_stats(address: str, tls: TlsFiles | None = None, timeout_s: float = 5.0) -> dict:
-    """One inference replica's KV pools {pool: [free, total]} and what holds them (GetStats); over TLS
-    when `tls` names a CA."""
-    import grpc
-
+def replica_stats(address: str, tls: TlsFiles | None = None, key: str | None = None, timeout_s: float = 5.0) -> dict:
+    """One inference replica's KV pools {pool: [free, total]} and what holds them (GetStats), dialed as every
+    client of the stack dials (`servicekit.auth.keyed_channel`: over TLS when `tls` names a CA, with `key`)."""
     from protos import inference_pb2, inference_pb2_grpc
+    from servicekit.auth import keyed_channel
 
-    with (grpc.secure_channel(address, tls.channel_credentials()) if tls is not None and tls.ca is not None
-          else grpc.insecure_channel(address)) as channel:
+    with keyed_channel(address, key=key, tls=tls) as channel:
         return stats_summary(inference_pb2_grpc.InferenceStub(channel).GetStats(inference_pb2.GetStatsRequest(),
                                                                                 timeout=timeout_s))
 
@@ -135,7 +133,7 @@ class LocalStack:
         return f"pid {pid}"
 
     def replica_stats(self, replica: ServiceInfo) -> dict:
-        return replica_stats(replica.target, self.tls)
+        return replica_stats(replica.target, self.tls, self.key)
 
 
 # Run in a replica's container (`exec`, the replicas are not published), with protos and servicekit alone:
