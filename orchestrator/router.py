@@ -1,25 +1,11 @@
-"""Pick an inference replica for each request: FlowGuard-style scoring (StreamServe §3.3).
+"""Pick an inference replica for each request among those whose health says SERVING.
 
-The router scores the replicas that are available from their latest `Inference.GetStats`
-snapshot (polled once in `start()`, then every `refresh_s`). Per replica, each quantity is in [0, 1]:
-
-    C  locality     1 if the replica served this prefix key (the instruction preamble) among
-                    its last `locality_window` keys (`note_served`), else 0: its prefix cache
-                    probably still holds those blocks
-    M  memory use   1 - free / total blocks of the "device" KV pool (0 without that pool)
-    Q  queue        q / max(q of every available replica), q = num_waiting + num_swapped;
-                    0 when every queue is empty (the paper's Q_w / Q_max)
-    L  load         min(1, (num_active + routed) / max_concurrent_streams), where `routed`
-                    counts the requests this router sent there since that snapshot, so a
-                    burst between two refreshes spreads instead of piling onto one replica
-
-    score S = w_C·C + w_M·(1 - M) + w_Q·(1 - Q) + w_L·(1 - L)
-
-with the weights normalised to sum 1 (default 0.4 / 0.1 / 0.3 / 0.2), so S is in [0, 1] and
-higher is better. A replica is overloaded when M > overload_threshold or L >
-overload_threshold, and is then skipped. The best S wins (ties: lower L, then the order of
-`addresses`); when every candidate is overloaded, the shortest queue wins (fewest q, then
-fewest active, then order). Every decision is logged at INFO with each replica's breakdown.
+Each available replica is scored from its latest `Inference.GetStats` snapshot (polled once in
+`start()`, then every `refresh_s`) as `orchestrator.scoring` says (FlowGuard: prefix locality,
+memory use, queue, load). Overloaded replicas are skipped; the best score wins (ties: lower load,
+then the order replicas were added); when every candidate is overloaded, the shortest queue wins
+(fewest q, then fewest active, then order). Every decision is logged at INFO with each replica's
+breakdown.
 
 Availability follows each replica's own health, as gRPC reports it: the router keeps one
 `grpc.health.v1.Health.Watch` open per replica, opened with `wait_for_ready`, so it waits on
@@ -31,6 +17,12 @@ answering), or a call to it fails (`mark_failed`: the Watch is opened afresh, an
 is in fact fine is available again at its first answer). A failed GetStats poll only keeps the
 last snapshot. When no replica is available, `choose_ready` waits, for a bounded time, for the
 first one to become available: a replica that is back is used by the very next request.
+
+Replicas may come and go while the router runs (`orchestrator.discovery` follows a DNS name):
+`add_replica` watches a new one; `retire_replica` drains one from routing (no new request goes
+to it; calls open on it keep their channel until `stop()`, and fail over as any failure does if
+the replica itself goes away). `notes` says why a source (a DNS name) has no replica just now,
+and a request that finds none is told so.
 """
 
 from __future__ import annotations
@@ -38,7 +30,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import math
 from collections import OrderedDict
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
@@ -46,12 +37,12 @@ from dataclasses import dataclass, field
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from orchestrator.scoring import DEFAULT_WEIGHTS, ScoreBreakdown, normalised_weights, score_replicas
 from protos import inference_pb2, inference_pb2_grpc
 from servicekit.channels import open_channel
 
 log = logging.getLogger(__name__)
 
-DEFAULT_WEIGHTS = (0.4, 0.1, 0.3, 0.2)   # locality, memory, queue, load
 NO_HEALTH_YET = "no health answer yet"
 SERVING = health_pb2.HealthCheckResponse.SERVING
 WATCH_RETRY_S = 0.5    # before opening a Watch again that failed without one answer
@@ -61,25 +52,6 @@ ChannelFactory = Callable[[str], grpc.aio.Channel]
 
 class NoReplicaAvailable(RuntimeError):
     """No replica is available (or every available one was excluded)."""
-
-
-@dataclass(frozen=True)
-class ScoreBreakdown:
-    """One replica's inputs to a decision (C, M, Q, L as in the module docstring) and its score."""
-
-    locality: float
-    memory_use: float
-    queue: float
-    load: float
-    score: float
-    overloaded: bool
-    queue_depth: int    # q = waiting + swapped
-    active: int         # num_active + routed since the snapshot
-
-    def __str__(self) -> str:
-        text = (f"S={self.score:.3f} C={self.locality:.0f} M={self.memory_use:.2f} Q={self.queue:.2f} "
-                f"L={self.load:.2f} q={self.queue_depth} active={self.active}")
-        return f"{text} OVERLOADED" if self.overloaded else text
 
 
 @dataclass(eq=False)
@@ -113,25 +85,22 @@ class ReplicaRouter:
     def __init__(self, addresses: Sequence[str], *, weights: Sequence[float] = DEFAULT_WEIGHTS,
                  overload_threshold: float = 0.9, refresh_s: float = 1.0, locality_window: int = 256,
                  stats_timeout_s: float = 2.0, channel_factory: ChannelFactory | None = None) -> None:
-        if not addresses:
-            raise ValueError("the router needs at least one replica address")
         if len(set(addresses)) != len(addresses):
             raise ValueError(f"duplicate replica addresses: {list(addresses)}")
-        if len(weights) != 4 or any(not math.isfinite(w) or w < 0 for w in weights) or sum(weights) <= 0:
-            raise ValueError(f"weights must be 4 non-negative numbers (locality, memory, queue, load) "
-                             f"with a positive sum, got {tuple(weights)}")
         if not 0 < overload_threshold <= 1:
             raise ValueError(f"overload_threshold must be in (0, 1], got {overload_threshold}")
         if refresh_s <= 0 or stats_timeout_s <= 0 or locality_window < 1:
             raise ValueError("refresh_s and stats_timeout_s must be > 0 and locality_window >= 1")
-        total = sum(weights)
-        self.weights = tuple(w / total for w in weights)
+        self.weights = normalised_weights(weights)
         self.overload_threshold = overload_threshold
         self.refresh_s = refresh_s
         self.locality_window = locality_window
         self.stats_timeout_s = stats_timeout_s
         self._channel_factory = channel_factory or open_channel
         self._replicas = {address: Replica(address) for address in addresses}
+        self._retired: dict[str, Replica] = {}    # drained from routing; their calls may still run
+        self.notes: dict[str, str] = {}           # source -> why it has no replica now (discovery)
+        self._started = False
         self._refresher: asyncio.Task | None = None
         self._changed = asyncio.Event()         # set (and replaced) whenever a replica becomes available
 
@@ -140,41 +109,72 @@ class ReplicaRouter:
         return list(self._replicas.values())
 
     def replica(self, address: str) -> Replica:
-        try:
+        """A replica routed to now, or one retired (whose calls may still run)."""
+        replica = self._replicas.get(address) or self._retired.get(address)
+        if replica is None:
+            raise KeyError(f"unknown replica {address!r}")
+        return replica
+
+    def add_replica(self, address: str) -> Replica:
+        """A replica found while the router runs: watched (and so polled) from now on."""
+        if address in self._replicas:
             return self._replicas[address]
-        except KeyError:
-            raise KeyError(f"unknown replica {address!r}") from None
+        replica = self._retired.pop(address, None) or Replica(address)
+        replica.unavailable = NO_HEALTH_YET
+        self._replicas[address] = replica
+        log.info("replica %s added", address)
+        if self._started:
+            self._open(replica)
+        return replica
+
+    def retire_replica(self, address: str, reason: str) -> None:
+        """Drain a replica from routing: no new request is sent to it (its open calls go on)."""
+        replica = self._replicas.pop(address, None)
+        if replica is None:
+            return
+        if replica._watcher is not None:
+            replica._watcher.cancel()
+            replica._watcher = None
+        replica.unavailable = reason
+        self._retired[address] = replica
+        log.warning("replica %s retired: %s", address, reason)
 
     # --- lifecycle -----------------------------------------------------------------------
     async def start(self) -> None:
         """Open a channel and a health Watch per replica, poll GetStats once, then every `refresh_s`.
         Returns once every replica's health answered, or after `stats_timeout_s` (one that is down
         is used once it is up)."""
+        self._started = True
         for replica in self._replicas.values():
-            if replica.channel is None:
-                replica.channel = self._channel_factory(replica.address)
-                replica._stub = inference_pb2_grpc.InferenceStub(replica.channel)
-            if replica._watcher is None:
-                self._start_watch(replica)
+            self._open(replica)
         await self.refresh()
         waits = [asyncio.create_task(r._answered.wait()) for r in self._replicas.values()]
-        _, pending = await asyncio.wait(waits, timeout=self.stats_timeout_s)
+        _, pending = await asyncio.wait(waits, timeout=self.stats_timeout_s) if waits else ((), ())
         for task in pending:
             task.cancel()
         if self._refresher is None:
             self._refresher = asyncio.create_task(self._refresh_forever(), name="replica-router-refresh")
 
+    def _open(self, replica: Replica) -> None:
+        if replica.channel is None:
+            replica.channel = self._channel_factory(replica.address)
+            replica._stub = inference_pb2_grpc.InferenceStub(replica.channel)
+        if replica._watcher is None:
+            self._start_watch(replica)
+
     async def stop(self) -> None:
-        tasks = [self._refresher, *(r._watcher for r in self._replicas.values())]
+        self._started = False
+        everyone = [*self._replicas.values(), *self._retired.values()]
+        tasks = [self._refresher, *(r._watcher for r in everyone)]
         self._refresher = None
-        for replica in self._replicas.values():
+        for replica in everyone:
             replica._watcher = None
         for task in tasks:
             if task is not None:
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
-        for replica in self._replicas.values():
+        for replica in everyone:
             if replica.channel is not None:
                 await replica.channel.close()
                 replica.channel, replica._stub = None, None
@@ -188,7 +188,7 @@ class ReplicaRouter:
 
     async def refresh(self) -> None:
         """Poll every replica's GetStats now (concurrently)."""
-        await asyncio.gather(*(self._poll(r) for r in self._replicas.values() if r._stub is not None))
+        await asyncio.gather(*(self._poll(r) for r in list(self._replicas.values()) if r._stub is not None))
 
     async def _refresh_forever(self) -> None:
         while True:
@@ -204,7 +204,8 @@ class ReplicaRouter:
         except Exception as exc:   # keep the refresh loop alive whatever one replica does
             log.debug("replica %s: GetStats failed: %r", replica.address, exc)
         else:
-            self.record_stats(replica.address, response.stats)
+            if replica.address in self._replicas:     # not retired meanwhile
+                self.record_stats(replica.address, response.stats)
 
     # --- health ------------------------------------------------------------------------
     def _start_watch(self, replica: Replica) -> None:
@@ -264,7 +265,7 @@ class ReplicaRouter:
         if the replica is fine, once it is back if it is not)."""
         replica = self.replica(address)
         self.record_health(address, reason)
-        if replica._watcher is not None:
+        if replica._watcher is not None and address in self._replicas:
             replica._watcher.cancel()
             self._start_watch(replica)
 
@@ -286,22 +287,7 @@ class ReplicaRouter:
     def scores(self, prefix_key: str) -> dict[str, ScoreBreakdown]:
         """The breakdown of every reachable replica, in `addresses` order."""
         reachable = [r for r in self._replicas.values() if r.available]
-        depths = {r.address: _queue_depth(r.stats) for r in reachable}
-        deepest = max(depths.values(), default=0)
-        w_c, w_m, w_q, w_l = self.weights
-        out = {}
-        for r in reachable:
-            stats = r.stats
-            locality = 1.0 if prefix_key and prefix_key in r.recent_keys else 0.0
-            memory_use = _device_memory_use(stats)
-            queue = depths[r.address] / deepest if deepest else 0.0
-            active = stats.num_active + r.routed
-            load = min(1.0, active / stats.max_concurrent_streams) if stats.max_concurrent_streams > 0 else 0.0
-            score = w_c * locality + w_m * (1 - memory_use) + w_q * (1 - queue) + w_l * (1 - load)
-            overloaded = memory_use > self.overload_threshold or load > self.overload_threshold
-            out[r.address] = ScoreBreakdown(locality, memory_use, queue, load, score, overloaded,
-                                            depths[r.address], active)
-        return out
+        return score_replicas(reachable, prefix_key, self.weights, self.overload_threshold)
 
     def choose(self, prefix_key: str, exclude: Collection[str] = frozenset()) -> Replica:
         """The replica for a request whose prompt starts with `prefix_key`; never one in `exclude`."""
@@ -351,18 +337,8 @@ class ReplicaRouter:
     def _why_none(self, exclude: Collection[str]) -> str:
         reasons = [f"{a}: {'excluded' if a in exclude and r.available else r.unavailable or 'no stats'}"
                    for a, r in self._replicas.items()]
-        return "no inference replica available (" + "; ".join(reasons) + ")"
-
-
-def _queue_depth(stats: inference_pb2.EngineStats) -> int:
-    return stats.num_waiting + stats.num_swapped
-
-
-def _device_memory_use(stats: inference_pb2.EngineStats) -> float:
-    for pool in stats.pools:
-        if pool.name == "device" and pool.total_blocks > 0:
-            return min(1.0, max(0.0, 1 - pool.free_blocks / pool.total_blocks))
-    return 0.0
+        reasons += [f"{source}: {note}" for source, note in self.notes.items()]
+        return "no inference replica available (" + ("; ".join(reasons) or "none known") + ")"
 
 
 def _short(key: str, limit: int = 24) -> str:

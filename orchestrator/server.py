@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 
+from orchestrator.discovery import DEFAULT_REFRESH_S, ReplicaDiscovery, split_targets
 from orchestrator.inference_proxy import InferenceProxy
 from orchestrator.lifecycle_store import LifecycleStore
 from orchestrator.metrics import OrchestratorMetrics
@@ -40,10 +41,14 @@ class OrchestratorService:
 
     def __init__(self, config: ServiceConfig, *, redis_url: str, inference: list[str], retrievers: dict[str, str],
                  ttl_s: int = 86400, weights: tuple[float, ...] = (0.4, 0.1, 0.3, 0.2),
-                 router_refresh_s: float = 1.0, api_keys: tuple[str, ...] = (), tls: TlsFiles | None = None) -> None:
+                 router_refresh_s: float = 1.0, api_keys: tuple[str, ...] = (), tls: TlsFiles | None = None,
+                 dns_refresh_s: float = DEFAULT_REFRESH_S) -> None:
         self.store = LifecycleStore(redis_url, ttl_s=ttl_s)
-        self.router = ReplicaRouter(inference, weights=weights, refresh_s=router_refresh_s,
-                                    channel_factory=lambda address: open_channel(address, tls))
+        # `inference`: replica addresses and DNS names whose addresses are replicas (orchestrator.discovery).
+        static, targets = split_targets(inference)
+        self.router = ReplicaRouter(static, weights=weights, refresh_s=router_refresh_s, channel_factory=lambda address:
+                                    open_channel(address, tls, options=self.discovery.channel_options(address)))
+        self.discovery = ReplicaDiscovery(self.router, targets, static, refresh_s=dns_refresh_s)
         # The retrievers honour the same keys: the orchestrator presents its own (the first) to them.
         self.channels = {name: open_channel(address, tls, api_key=ApiKeys(api_keys).own)
                          for name, address in retrievers.items() if address}
@@ -63,12 +68,14 @@ class OrchestratorService:
 
     async def start(self, handle_signals: bool = True) -> int:
         await self.store.start()
+        await self.discovery.start()
         await self.router.start()
         return await self.runner.start(handle_signals=handle_signals)
 
     async def stop(self, grace_s: float | None = None) -> None:
         await self.runner.stop(grace_s)
         await self.sessions.aclose()
+        await self.discovery.stop()
         await self.router.stop()
         await self.store.close()
         await self.directory.close()
@@ -90,16 +97,20 @@ async def serve(args: argparse.Namespace) -> None:
     configure_logging(args.log_level)
     inference = args.inference or [f"127.0.0.1:{DEFAULT_PORTS['inference']}"]
     api_keys, tls = load_api_keys(args.api_key_file), tls_from_args(args)
-    service = OrchestratorService(service_config_from_args("orchestrator", args), redis_url=args.redis,
-                                  inference=inference,
-                                  retrievers={"anns": args.anns, "crawler": args.crawler, "replay": args.replay},
-                                  ttl_s=args.ttl, weights=parse_weights(args.router_weights),
-                                  api_keys=api_keys, tls=tls)
+    try:
+        service = OrchestratorService(service_config_from_args("orchestrator", args), redis_url=args.redis,
+                                      inference=inference,
+                                      retrievers={"anns": args.anns, "crawler": args.crawler, "replay": args.replay},
+                                      ttl_s=args.ttl, weights=parse_weights(args.router_weights),
+                                      api_keys=api_keys, tls=tls, dns_refresh_s=args.dns_refresh)
+    except ValueError as exc:
+        raise SystemExit(f"error: {exc}") from None
     port = await service.start()
     served_tls = "" if tls is None or not tls.serves else ", mutual TLS" if tls.ca else ", TLS"
     security = (", API key required" if api_keys else "") + served_tls
     print(f"orchestrator on {args.host}:{port} (metrics :{service.runner.metrics_port}{security})", flush=True)
     await service.runner.wait()
+    await service.discovery.stop()
     await service.router.stop()
     await service.store.close()
     await service.directory.close()

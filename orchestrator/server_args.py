@@ -15,7 +15,11 @@ def add_orchestrator_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--redis", default=env("redis", f"redis://127.0.0.1:{DEFAULT_PORTS['redis']}/0"),
                         help="Redis URL for the lifecycle store")
     parser.add_argument("--inference", action="append", default=None,
-                        help="an inference replica address, repeatable (default 127.0.0.1:50052)")
+                        help="an inference replica address, repeatable (default 127.0.0.1:50052); "
+                             "dns:///NAME:PORT (or dns://DNS_SERVER/NAME:PORT): every address NAME resolves to, "
+                             "resolved again every --dns-refresh seconds")
+    parser.add_argument("--dns-refresh", type=float, default=env("dns_refresh", 5.0),
+                        help="seconds between resolutions of a dns:/// --inference name")
     parser.add_argument("--anns", default=env("anns", f"127.0.0.1:{DEFAULT_PORTS['anns']}"),
                         help="ANNS retriever address ('' to disable)")
     parser.add_argument("--crawler", default=env("crawler", f"127.0.0.1:{DEFAULT_PORTS['crawler']}"),

@@ -58,24 +58,26 @@ class RunningInference(InferenceClient):
     """The native service in this process, on a free loopback port. `role` (prefill, decode, both)
     serves `KvTransfer` too, as `streamrag serve inference` does; None: the plain native service.
     `tls`: the port serves (mutual) TLS with these files; the test's channel presents `client_tls`
-    (default: the same files). `**engine`: `EngineConfig` fields."""
+    (default: the same files). `host`/`port`: where it listens (another loopback address, a port
+    chosen by the test). `**engine`: `EngineConfig` fields."""
 
     def __init__(self, model_dir: Path, *, role: str | None = None, max_streams: int = 64, kv_device_blocks: int = 512,
                  kv_cpu_blocks: int = 512, dtype: str = "float32", tls: TlsFiles | None = None,
-                 client_tls: TlsFiles | None = None, **engine: object) -> None:
+                 client_tls: TlsFiles | None = None, host: str = "127.0.0.1", port: int = 0,
+                 **engine: object) -> None:
         self.spec = EngineSpec(model_dir=model_dir, dtype=dtype, kv_device_blocks=kv_device_blocks,
                                kv_cpu_blocks=kv_cpu_blocks, engine=EngineConfig(**engine))
-        self.role, self.max_streams, self.tls = role, max_streams, tls
+        self.role, self.max_streams, self.tls, self.bind = role, max_streams, tls, (host, port)
         self.host = LoopThread("inference-test-server")
         self.thread = self.host.thread
         self.port = self.host.run(self._start())
-        self.address = f"127.0.0.1:{self.port}"
+        self.address = f"{host}:{self.port}"
         client_tls = client_tls or tls
         wait_serving(self.address, tls=client_tls, what="inference replica")
         self._dial(client_tls)
 
     async def _start(self) -> int:
-        config = ServiceConfig("inference", port=0, metrics_port=0)
+        config = ServiceConfig("inference", host=self.bind[0], port=self.bind[1], metrics_port=0)
         if self.role is None:
             from inference_svc.native.service import NativeInferenceService
 
