@@ -1,5 +1,6 @@
 """The native engine's side of the service metrics: after each step (and after commands that
-raised events), read the engine into the service's `InferenceMetrics`."""
+raised events), read the engine into the service's `InferenceMetrics`, and into the same figures
+under vLLM's names (`native.vllm_metrics`)."""
 
 from __future__ import annotations
 
@@ -7,12 +8,14 @@ from prometheus_client import Gauge
 
 from inference_svc.engine.engine import Engine
 from inference_svc.engine.events import EngineEvent, EventKind
+from inference_svc.native.vllm_metrics import VllmMetrics
 from inference_svc.rpc.metrics import InferenceMetrics
 
 
 class StepMetrics:
-    def __init__(self, metrics: InferenceMetrics) -> None:
+    def __init__(self, metrics: InferenceMetrics, model_name: str = "") -> None:
         self.metrics = metrics
+        self.vllm = VllmMetrics(metrics.registry, model_name)
         self._drafts_seen = (0, 0)
         # the native engine's own: the last step's token budget (below --token-budget when bounded in time)
         self.step_budget = Gauge("streamrag_engine_step_token_budget", "Token budget of the last engine step",
@@ -42,6 +45,7 @@ class StepMetrics:
                 counts[request.state.value] += 1
         for state, n in counts.items():
             m.requests.labels(state).set(n)
+        self.vllm.observe(engine, counts, events)
         for pool in engine.scheduler.pools():
             m.kv_blocks.labels(pool.name, "total").set(pool.num_blocks)
             m.kv_blocks.labels(pool.name, "free").set(pool.num_free)

@@ -29,7 +29,7 @@ class NativeInferenceService:
                  max_sessions: int = DEFAULT_MAX_SESSIONS):
         self.engine = build_engine(spec)
         self.metrics = InferenceMetrics()
-        self.step_metrics = StepMetrics(self.metrics)
+        self.step_metrics = StepMetrics(self.metrics, model_name=spec.model_dir.name)
         self.thread = EngineThread(self.engine, self._after_step)
         runner = self.engine.runner
         info = inference_pb2.ModelInfo(
