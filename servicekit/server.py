@@ -26,10 +26,11 @@ from typing import Any
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
-from prometheus_client import REGISTRY, CollectorRegistry, start_http_server
+from prometheus_client import REGISTRY, CollectorRegistry
 
 from servicekit.channels import SERVER_KEEPALIVE_OPTIONS
 from servicekit.config import ServiceConfig
+from servicekit.metrics_http import start_metrics_server
 from servicekit.tls import TlsFiles
 
 log = logging.getLogger(__name__)
@@ -161,8 +162,7 @@ class ServiceRunner:
         if self.port == 0:
             raise OSError(f"{self.config.service}: could not bind {self.config.address}")
         if self.config.metrics_port is not None:
-            self._metrics_httpd, _ = start_http_server(
-                self.config.metrics_port, addr=self.config.host, registry=self.registry)
+            self._metrics_httpd = start_metrics_server(self.config.metrics_port, self.config.host, self.registry)
             self.metrics_port = self._metrics_httpd.server_port
         await self.server.start()
         for name in ["", *self.service_names]:

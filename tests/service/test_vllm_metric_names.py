@@ -21,9 +21,15 @@ HISTOGRAMS = ("vllm:time_to_first_token_seconds", "vllm:inter_token_latency_seco
 TOPICS = ("lighthouses", "volcanoes", "glaciers", "coral reefs")
 
 
-def scrape(port: int) -> tuple[str, dict[str, tuple[str, dict[str, float], set[frozenset]]]]:
+# What Prometheus 2.x asks for: OpenMetrics first, with no escaping scheme named.
+PROMETHEUS_ACCEPT = ("application/openmetrics-text;version=1.0.0;q=0.5,application/openmetrics-text;"
+                     "version=0.0.1;q=0.4,text/plain;version=0.0.4;q=0.3,*/*;q=0.2")
+
+
+def scrape(port: int, accept: str = PROMETHEUS_ACCEPT) -> tuple[str, dict[str, tuple[str, dict[str, float], set]]]:
     """The exposition text, and per family: its type, each sample name's sum, and its label sets."""
-    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=30).read().decode()
+    request = urllib.request.Request(f"http://127.0.0.1:{port}/metrics", headers={"Accept": accept})
+    text = urllib.request.urlopen(request, timeout=30).read().decode()
     families = {}
     for family in text_string_to_metric_families(text):
         sums: dict[str, float] = {}
@@ -50,12 +56,15 @@ def test_a_native_replica_exposes_vllms_metric_names_and_they_move(embedded_mode
         text, before = scrape(port)
         for name in (*GAUGES, *COUNTERS, *HISTOGRAMS):
             assert name in before, f"{name} missing from /metrics"
+        assert "\nvllm:num_requests_waiting{" in text      # the colon kept, whatever the scraper asks
         for name in COUNTERS:
             assert f"# TYPE {name}_total counter" in text and f"\n{name}_total{{" in text, name
+        kinds = {**dict.fromkeys(GAUGES, "gauge"), **dict.fromkeys(COUNTERS, "counter"),
+                 **dict.fromkeys(HISTOGRAMS, "histogram")}
         for name, (kind, _, label_sets) in before.items():
-            if name.startswith("vllm:"):
+            if name.startswith("vllm:"):     # (and the `_created` series prometheus_client adds to counters)
                 keys = {key for labels in label_sets for key in labels}
-                assert keys >= {"model_name", "engine"}, (name, keys)
+                assert kind == kinds.get(name, "gauge") and keys >= {"model_name", "engine"}, (name, kind, keys)
         assert f'model_name="{embedded_model_dir.name}"' in text
 
         peaks = {name: 0.0 for name in GAUGES}
