@@ -139,13 +139,13 @@ def open_disk_searcher(directory: Path, beam_width: int, size: int, nodes_to_cac
 
 
 def build_disk_index(vectors, directory: Path, params: BuildParams, threads: int) -> None:
-    quiet_diskann()
-    import diskannpy
+    """DiskANN's graph of `vectors` in `directory`, built in a child process (`corpus.disk_build`: the
+    build holds the GIL, and a service's threads must keep answering meanwhile)."""
+    from retriever_svc.corpus.disk_build import build_disk_index_in_child
 
-    diskannpy.build_disk_index(
-        vectors, "l2", str(directory), complexity=params.build_complexity, graph_degree=params.graph_degree,
-        build_memory_maximum=max(0.25, vectors.nbytes * 4 / 2**30), num_threads=threads, alpha=params.alpha,
-        num_of_pq_chunks=min(params.pq_chunks, vectors.shape[1]), index_prefix=INDEX_PREFIX)
+    build_disk_index_in_child(vectors, directory, index_prefix=INDEX_PREFIX, complexity=params.build_complexity,
+                              graph_degree=params.graph_degree, alpha=params.alpha, pq_chunks=params.pq_chunks,
+                              threads=threads)
     (directory / f"{INDEX_PREFIX}_vectors.bin").unlink(missing_ok=True)   # the same data as vectors.npy
 
 
