@@ -2,7 +2,8 @@
 
 One call gives a service: its servicers, `grpc.health.v1` health checking (per service name
 and overall), server reflection, a Prometheus metrics HTTP endpoint, graceful shutdown
-on SIGTERM/SIGINT (health flips to NOT_SERVING, in-flight RPCs get `grace_s` to finish), and
+on SIGTERM/SIGINT (health flips to NOT_SERVING, then the calls in flight get up to `grace_s`
+to finish and the process exits as soon as they have: `servicekit.drain`), and
 INVALID_ARGUMENT for request bytes that do not parse (`RejectUndecodableRequests`). Optional:
 more interceptors (run first, e.g. `servicekit.auth.ApiKeyInterceptor`) and TLS on the port
 (`servicekit.tls.TlsFiles`: mutual when it names a CA).
@@ -30,6 +31,7 @@ from prometheus_client import REGISTRY, CollectorRegistry
 
 from servicekit.channels import SERVER_KEEPALIVE_OPTIONS
 from servicekit.config import ServiceConfig
+from servicekit.drain import InFlightCalls
 from servicekit.metrics_http import start_metrics_server
 from servicekit.tls import TlsFiles
 
@@ -136,10 +138,12 @@ class ServiceRunner:
         self.health = health.aio.HealthServicer()
         self.registry = registry
         self._stopped = asyncio.Event()
+        self._stopping = False
+        self.calls = InFlightCalls()
         self._metrics_httpd = None
         self.port: int | None = None
         self.metrics_port: int | None = None
-        self.server = grpc.aio.server(interceptors=[*interceptors, RejectUndecodableRequests()], options=[
+        self.server = grpc.aio.server(interceptors=[self.calls, *interceptors, RejectUndecodableRequests()], options=[
             ("grpc.max_receive_message_length", max_message_bytes),
             ("grpc.max_send_message_length", max_message_bytes),
             *SERVER_KEEPALIVE_OPTIONS,      # the pings of every client channel (servicekit.channels)
@@ -176,11 +180,21 @@ class ServiceRunner:
         return self.port
 
     async def stop(self, grace_s: float | None = None) -> None:
-        """Graceful stop: NOT_SERVING first (routers stop sending), then drain, then close."""
-        if self._stopped.is_set():
+        """Graceful stop: NOT_SERVING first (routers stop sending), then drain the calls in flight
+        (up to `grace_s`; at once when none is), then close (whatever is left is cancelled)."""
+        if self._stopping:
+            await self._stopped.wait()
             return
+        self._stopping = True
+        grace = self.config.grace_s if grace_s is None else grace_s
         await self.health.enter_graceful_shutdown()
-        await self.server.stop(self.config.grace_s if grace_s is None else grace_s)
+        if self.calls.count:
+            log.info("%s: NOT_SERVING; draining %d call(s) for up to %g s", self.config.service,
+                     self.calls.count, grace)
+        if not await self.calls.wait_idle(grace):
+            log.warning("%s: %d call(s) still in flight after %g s: cancelled", self.config.service,
+                        self.calls.count, grace)
+        await self.server.stop(0)
         if self._metrics_httpd is not None:
             self._metrics_httpd.shutdown()
             self._metrics_httpd.server_close()
