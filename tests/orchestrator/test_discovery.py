@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import logging
 import socket
+import threading
 import time
 from collections.abc import Callable
 
@@ -14,7 +15,8 @@ import grpc
 import pytest
 
 from orchestrator.discovery import DnsTarget, split_targets
-from protos import orchestrator_pb2
+from orchestrator.prompt import preamble_key
+from protos import common_pb2, orchestrator_pb2
 from tests.support.dns_server import DnsServer
 from tests.support.inference import RunningInference
 from tests.support.orchestrator import RunningOrchestrator
@@ -23,6 +25,7 @@ from tests.support.redis_server import PrivateRedis
 NAME = "inference.streamrag.test"
 HOSTS = ("127.0.0.2", "127.0.0.3")
 NONE = orchestrator_pb2.RETRIEVER_CHOICE_NONE
+LONG = 160      # tokens: the answer is still streaming when its replica is removed, then stopped
 
 
 def ask(stub) -> orchestrator_pb2.AskDone:
@@ -159,3 +162,36 @@ def test_an_orchestrator_starts_on_a_name_with_no_address(tmp_path, caplog):
                 orchestrator.stop()
     finally:
         redis.stop()
+
+
+def test_an_answer_on_a_replica_removed_then_gone_continues_on_the_other(replicas_behind_a_name):
+    """Removed from the name mid-answer, the replica keeps its answer (drained, not cut); when the
+    replica itself then goes away, the answer continues on the replica left behind the name."""
+    dns, (first, second), orchestrator = replicas_behind_a_name
+    router = orchestrator.service.router
+    dns.set(NAME, HOSTS)
+    wait_for(lambda: second.address in {r.address for r in router.replicas}
+             and router.replica(second.address).available, "both replicas available")
+    router.note_served(first.address, preamble_key())         # prefix locality: the first is chosen
+    tokens, done, started = [], [], threading.Event()
+
+    def long_answer() -> None:
+        request = orchestrator_pb2.AskRequest(question="Tell me about the history of Paris.", retriever=NONE,
+                                              max_tokens=LONG, sampling=common_pb2.SamplingParams(ignore_eos=True))
+        for response in orchestrator.stub.Ask(request, timeout=300):
+            kind = response.event.WhichOneof("kind")
+            if kind == "token":
+                tokens.append(response.event.token.text)
+                started.set()
+            elif kind == "done":
+                done.append(response.event.done)
+
+    answering = threading.Thread(target=long_answer)
+    answering.start()
+    assert started.wait(120), "the answer did not start"
+    dns.set(NAME, HOSTS[1:])
+    wait_for(lambda: {r.address for r in router.replicas} == {second.address}, "the first replica retired")
+    first.stop()                                              # the retired replica goes away mid-answer
+    answering.join(300)
+    assert done, "the answer did not finish"
+    assert done[0].replica == second.address and len(tokens) == LONG
