@@ -7,6 +7,8 @@ import asyncio
 import contextlib
 import logging
 import socket
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -14,8 +16,9 @@ from collections.abc import Callable
 import grpc
 import pytest
 
-from orchestrator.discovery import DnsTarget, split_targets
+from orchestrator.discovery import DnsTarget, ReplicaDiscovery, split_targets
 from orchestrator.prompt import preamble_key
+from orchestrator.router import NoReplicaAvailable, ReplicaRouter
 from protos import common_pb2, orchestrator_pb2
 from tests.support.dns_server import DnsServer
 from tests.support.inference import RunningInference
@@ -87,6 +90,40 @@ def test_resolution_asks_the_given_server_and_the_system():
             ["127.0.0.2:7", "127.0.0.3:7"]
         assert asyncio.run(DnsTarget.parse(f"dns://127.0.0.1:{dns.port}/nothing.test:7").resolve()) == []
     assert asyncio.run(DnsTarget.parse("dns:///localhost:7").resolve()) != []   # getaddrinfo: /etc/hosts
+
+
+def test_names_and_static_addresses_share_one_router_and_each_name_keeps_its_own():
+    """Prefill and decode pools behind two names, plus a static address one of them also gives."""
+    with DnsServer() as dns:
+        dns.set("prefill.test", ["127.0.0.2"])
+        dns.set("decode.test", ["127.0.0.3", "127.0.0.1"])
+        static, targets = split_targets(["127.0.0.1:7", f"dns://127.0.0.1:{dns.port}/prefill.test:7",
+                                         f"dns://127.0.0.1:{dns.port}/decode.test:7"])
+        router = ReplicaRouter(static)
+        discovery = ReplicaDiscovery(router, targets, static)
+        routed = lambda: {r.address for r in router.replicas}  # noqa: E731
+        asyncio.run(discovery.resolve_all())
+        assert routed() == {"127.0.0.1:7", "127.0.0.2:7", "127.0.0.3:7"}
+        assert discovery.channel_options("127.0.0.2:7") == (("grpc.default_authority", "prefill.test:7"),)
+        dns.set("decode.test", ["127.0.0.3"])
+        asyncio.run(discovery.resolve_all())
+        assert routed() == {"127.0.0.1:7", "127.0.0.2:7", "127.0.0.3:7"}     # the static one stays
+        dns.set("decode.test", [])
+        asyncio.run(discovery.resolve_all())
+        assert routed() == {"127.0.0.1:7", "127.0.0.2:7"}
+        assert router.replica("127.0.0.3:7").unavailable.startswith("no longer in DNS")
+        assert router.notes == {targets[1].text: "decode.test resolves to no address"}
+        with pytest.raises(NoReplicaAvailable, match=r"decode\.test resolves to no address"):
+            router.choose("key")
+
+
+def test_a_malformed_target_stops_the_orchestrator_with_one_line():
+    done = subprocess.run([sys.executable, "-m", "orchestrator.server", "--port", "0", "--metrics-port", "-1",
+                           "--inference", "dns:///inference"], capture_output=True, text=True, timeout=120)
+    assert done.returncode != 0
+    assert done.stderr.strip().splitlines() == ["error: --inference 'dns:///inference': a DNS target is "
+                                                "dns:///NAME:PORT (or dns://DNS_SERVER[:PORT]/NAME:PORT), "
+                                                "with the replicas' port"]
 
 
 @pytest.fixture
