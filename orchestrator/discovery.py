@@ -9,10 +9,11 @@ the router needs each address as a replica of its own (its health Watch, its sta
 Each address found becomes a replica (`ReplicaRouter.add_replica`, dialed at `IP:PORT` and
 presenting `NAME:PORT` as its authority, so TLS checks the name the user gave). An address that
 goes away is retired (`ReplicaRouter.retire_replica`): no new request is routed to it, and the
-calls open on it go on or fail over as any failure does. A name that resolves to nothing
-retires its replicas and says so in the log and, through `ReplicaRouter.notes`, to every
-request that finds no replica; a resolver that fails (timeout, SERVFAIL) keeps the replicas
-last found. A static `host:port` is not a target: it stays a replica for the router's life.
+calls open on it go on or fail over as any failure does; its channel is closed `RETIRED_KEEP_S`
+later (`ReplicaRouter.forget`), so replicas that come and go for days leave nothing behind. A
+name that resolves to nothing retires its replicas and says so in the log and, through
+`ReplicaRouter.notes`, to every request that finds no replica; a resolver that fails (timeout,
+SERVFAIL) keeps the replicas last found. A static `host:port` is not a target: it stays a replica for the router's life.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ log = logging.getLogger(__name__)
 
 DNS_SCHEME = "dns:"
 DEFAULT_REFRESH_S = 5.0
+RETIRED_KEEP_S = 600.0     # how long the calls open on a retired replica keep their channel
 
 
 class ResolveFailed(Exception):
@@ -118,6 +120,7 @@ class ReplicaDiscovery:
         self.found: dict[str, list[str]] = {t.text: [] for t in self.targets}
         self._authority: dict[str, str] = {}     # address -> NAME:PORT it was found under
         self._task: asyncio.Task | None = None
+        self._forgetting: set[asyncio.Task] = set()
 
     def channel_options(self, address: str) -> tuple[tuple[str, str], ...]:
         """What a channel to a found address presents as its authority (TLS checks that name)."""
@@ -131,11 +134,12 @@ class ReplicaDiscovery:
             self._task = asyncio.create_task(self._resolve_forever(), name="replica-discovery")
 
     async def stop(self) -> None:
-        task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        tasks, self._task = [self._task, *self._forgetting], None
+        for task in tasks:
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
 
     async def resolve_all(self) -> None:
         await asyncio.gather(*(self._resolve(target) for target in self.targets))
@@ -154,6 +158,11 @@ class ReplicaDiscovery:
             return
         self._apply(target, addresses)
 
+    async def _forget_later(self, address: str) -> None:
+        await asyncio.sleep(RETIRED_KEEP_S)
+        if address not in {r.address for r in self.router.replicas}:     # not back meanwhile
+            await self.router.forget(address)
+
     def _apply(self, target: DnsTarget, addresses: list[str]) -> None:
         before = self.found[target.text]
         if addresses == before and (addresses or target.text in self.router.notes):
@@ -165,6 +174,9 @@ class ReplicaDiscovery:
         wanted = self.static.union(*self.found.values())
         for address in set(before) - wanted:
             self.router.retire_replica(address, f"no longer in DNS for {target.text}")
+            task = asyncio.ensure_future(self._forget_later(address))
+            self._forgetting.add(task)
+            task.add_done_callback(self._forgetting.discard)
         if addresses:
             self.router.notes.pop(target.text, None)
             log.info("inference %s: %d replica(s): %s", target.text, len(addresses), ", ".join(addresses))

@@ -18,11 +18,10 @@ is in fact fine is available again at its first answer). A failed GetStats poll 
 last snapshot. When no replica is available, `choose_ready` waits, for a bounded time, for the
 first one to become available: a replica that is back is used by the very next request.
 
-Replicas may come and go while the router runs (`orchestrator.discovery` follows a DNS name):
-`add_replica` watches a new one; `retire_replica` drains one from routing (no new request goes
-to it; calls open on it keep their channel until `stop()`, and fail over as any failure does if
-the replica itself goes away). `notes` says why a source (a DNS name) has no replica just now,
-and a request that finds none is told so.
+Replicas come and go while the router runs (`orchestrator.discovery`): `add_replica` watches a
+new one; `retire_replica` drains one from routing (no new request goes to it; calls open on it
+keep their channel until `forget`, and fail over as any failure does if the replica goes away).
+`notes` says why a source (a DNS name) has no replica now; a request that finds none is told.
 """
 
 from __future__ import annotations
@@ -139,6 +138,12 @@ class ReplicaRouter:
         self._retired[address] = replica
         log.warning("replica %s retired: %s", address, reason)
 
+    async def forget(self, address: str) -> None:
+        """Close a retired replica's channel (a call still open on it ends) and forget it."""
+        replica = self._retired.pop(address, None)
+        if replica is not None and replica.channel is not None:
+            await replica.channel.close()
+
     # --- lifecycle -----------------------------------------------------------------------
     async def start(self) -> None:
         """Open a channel and a health Watch per replica, poll GetStats once, then every `refresh_s`.
@@ -155,7 +160,7 @@ class ReplicaRouter:
         if self._refresher is None:
             self._refresher = asyncio.create_task(self._refresh_forever(), name="replica-router-refresh")
 
-    def _open(self, replica: Replica) -> None:
+    def _open(self, replica: Replica) -> None:   # a channel, a stub and a health Watch
         if replica.channel is None:
             replica.channel = self._channel_factory(replica.address)
             replica._stub = inference_pb2_grpc.InferenceStub(replica.channel)

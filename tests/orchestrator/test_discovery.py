@@ -16,6 +16,7 @@ from collections.abc import Callable
 import grpc
 import pytest
 
+from orchestrator import discovery as discovery_module
 from orchestrator.discovery import DnsTarget, ReplicaDiscovery, split_targets
 from orchestrator.prompt import preamble_key
 from orchestrator.router import NoReplicaAvailable, ReplicaRouter
@@ -92,7 +93,7 @@ def test_resolution_asks_the_given_server_and_the_system():
     assert asyncio.run(DnsTarget.parse("dns:///localhost:7").resolve()) != []   # getaddrinfo: /etc/hosts
 
 
-def test_names_and_static_addresses_share_one_router_and_each_name_keeps_its_own():
+def test_names_and_static_addresses_share_one_router_and_each_name_keeps_its_own(monkeypatch):
     """Prefill and decode pools behind two names, plus a static address one of them also gives."""
     with DnsServer() as dns:
         dns.set("prefill.test", ["127.0.0.2"])
@@ -115,6 +116,17 @@ def test_names_and_static_addresses_share_one_router_and_each_name_keeps_its_own
         assert router.notes == {targets[1].text: "decode.test resolves to no address"}
         with pytest.raises(NoReplicaAvailable, match=r"decode\.test resolves to no address"):
             router.choose("key")
+
+        monkeypatch.setattr(discovery_module, "RETIRED_KEEP_S", 0.1)
+
+        async def retire_then_forget() -> None:
+            dns.set("prefill.test", [])
+            await discovery.resolve_all()
+            assert router.replica("127.0.0.2:7").unavailable.startswith("no longer in DNS")   # retired, kept
+            await asyncio.sleep(0.5)
+        asyncio.run(retire_then_forget())
+        with pytest.raises(KeyError):
+            router.replica("127.0.0.2:7")                                   # its channel closed, forgotten
 
 
 def test_a_malformed_target_stops_the_orchestrator_with_one_line():
