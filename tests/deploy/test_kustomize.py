@@ -288,3 +288,20 @@ def test_grafana_dashboard_reads_exported_metrics(built) -> None:
     titles = " ".join(p["title"].lower() for p in dashboard["panels"])
     for topic in ("ttft", "streaming", "queue", "kv", "preemption", "resume", "retriever"):
         assert topic in titles, topic
+
+
+@pytest.mark.skipif(shutil.which("sh") is None, reason="no POSIX shell")
+def test_redis_start_scripts_are_posix_shell(built, tmp_path) -> None:
+    """The official redis image's Alpine shell runs them: `sh -n` parses each (the Sentinel's file too)."""
+    scripts = m.find(built["cpu"], "ConfigMap", "redis-scripts")["data"]
+    for name, text in scripts.items():
+        path = tmp_path / name
+        path.write_text(text)
+        result = subprocess.run(["sh", "-n", str(path)], capture_output=True, text=True, timeout=30)
+        assert result.returncode == 0, f"{name}: {result.stderr}"
+    for statefulset, script in (("redis", "start-redis.sh"), ("redis-sentinel", "start-sentinel.sh")):
+        c = m.pod_spec(m.find(built["cpu"], "StatefulSet", statefulset))["containers"][0]
+        assert c["command"] == ["sh", f"/scripts/{script}"]
+        mount = next(v for v in c["volumeMounts"] if v["mountPath"] == "/scripts")
+        volumes = {v["name"]: v for v in m.pod_spec(m.find(built["cpu"], "StatefulSet", statefulset))["volumes"]}
+        assert volumes[mount["name"]]["configMap"]["name"] == "redis-scripts"
