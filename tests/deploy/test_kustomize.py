@@ -305,3 +305,29 @@ def test_redis_start_scripts_are_posix_shell(built, tmp_path) -> None:
         mount = next(v for v in c["volumeMounts"] if v["mountPath"] == "/scripts")
         volumes = {v["name"]: v for v in m.pod_spec(m.find(built["cpu"], "StatefulSet", statefulset))["volumes"]}
         assert volumes[mount["name"]]["configMap"]["name"] == "redis-scripts"
+
+
+def selects(selector: dict, labels: dict) -> bool:
+    """A label selector (matchLabels and matchExpressions) against an object's labels."""
+    if any(labels.get(k) != v for k, v in selector.get("matchLabels", {}).items()):
+        return False
+    tests = {"In": lambda e: labels.get(e["key"]) in e["values"],
+             "NotIn": lambda e: labels.get(e["key"]) not in e["values"],
+             "Exists": lambda e: e["key"] in labels, "DoesNotExist": lambda e: e["key"] not in labels}
+    return all(tests[e["operator"]](e) for e in selector.get("matchExpressions", []))
+
+
+def test_each_pod_is_scraped_once(tmp_path) -> None:
+    """With the disagg pools' own Services beside `inference`, a replica must still be one target:
+    `sum(vllm:num_requests_waiting)` (the KEDA trigger) would otherwise count it twice."""
+    for overlay in ("cpu", "disagg"):
+        objects = m.build(m.compose_target(tmp_path / overlay, overlay, ["servicemonitor"]))
+        monitors = [o for o in objects if o["kind"] == "ServiceMonitor"]
+        services = [o for o in objects if o["kind"] == "Service"]
+        for w in m.workloads(objects):
+            labels = w["spec"]["template"]["metadata"]["labels"]
+            targets = [(mon["metadata"]["name"], s["metadata"]["name"]) for mon in monitors for s in services
+                       if selects(mon["spec"]["selector"], s["metadata"].get("labels", {}))
+                       and s["spec"].get("selector") and selects({"matchLabels": s["spec"]["selector"]}, labels)]
+            expected = 1 if labels["app.kubernetes.io/name"] in (*GRPC, "gateway") else 0
+            assert len(targets) == expected, (overlay, w["metadata"]["name"], targets)
