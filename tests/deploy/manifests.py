@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parents[2]
 K8S = ROOT / "deploy" / "k8s"
 BASE = K8S / "base"
 OVERLAYS = ("cpu", "gpu", "gpu-vllm", "milvus", "disagg", "tls")
-COMPONENTS = ("tls", "vllm", "keda", "inference-hpa", "servicemonitor", "prometheus-annotations")
+COMPONENTS = ("tls", "gpu", "vllm", "keda", "inference-hpa", "servicemonitor", "prometheus-annotations")
 KUBECTL = shutil.which("kubectl")
 WORKLOADS = ("Deployment", "StatefulSet")
 

@@ -40,9 +40,10 @@ GRPC = {"anns": 50061, "crawler": 50062, "inference": 50052, "orchestrator": 500
 # Every build checked: the overlays, the cpu overlay with each component, disagg with TLS, and all at once.
 TARGETS: dict[str, tuple[str, list[str]]] = {
     **{overlay: (overlay, []) for overlay in m.OVERLAYS},
-    **{f"cpu+{c}": ("cpu", [c]) for c in (*m.COMPONENTS, "grafana") if c != "vllm"},
+    **{f"cpu+{c}": ("cpu", [c]) for c in (*m.COMPONENTS, "grafana") if c not in ("vllm", "gpu")},
     "gpu+vllm+keda": ("gpu", ["vllm", "keda"]),
     "disagg+tls": ("disagg", ["tls", "prometheus-annotations"]),
+    "disagg+gpu": ("disagg", ["gpu", "vllm"]),
     "cpu+all": ("cpu", ["tls", "keda", "servicemonitor", "prometheus-annotations", "grafana"]),
 }
 MODULES = {
@@ -232,12 +233,14 @@ def test_disruption_budgets_and_autoscalers(built) -> None:
 
 
 def test_gpu_and_vllm(built) -> None:
-    for label in ("gpu", "gpu-vllm"):
-        c = m.container(built[label], "Deployment", "inference")
+    pools = [("disagg+gpu", f"inference-{role}") for role in ("prefill", "decode")]
+    for label, name in [("gpu", "inference"), ("gpu-vllm", "inference"), *pools]:
+        c = m.container(built[label], "Deployment", name)
         args = parse(c)
         assert args.device == "cuda" and c["resources"]["limits"]["nvidia.com/gpu"] == "1"
-        assert args.backend == ("vllm" if label == "gpu-vllm" else "native")
-        image = "streamrag-inference-vllm" if label == "gpu-vllm" else "streamrag-inference-cuda"
+        vllm = label in ("gpu-vllm", "disagg+gpu")
+        assert args.backend == ("vllm" if vllm else "native")
+        image = "streamrag-inference-vllm" if vllm else "streamrag-inference-cuda"
         assert c["image"].split(":")[0] == image
 
 
