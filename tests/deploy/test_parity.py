@@ -1,4 +1,5 @@
-"""compose/docker-compose.yml and deploy/k8s/base agree: services, commands, ports, environment keys.
+"""compose/docker-compose.yml and deploy/k8s/base agree: services, commands, ports, environment keys,
+health checks.
 
 Each compose service has its workload in the base (the numbered copies, inference-0/-1 and
 orchestrator/-1, are one Deployment with that many replicas), running the same module with the same
@@ -244,3 +245,22 @@ def test_milvus_override_and_overlay_agree() -> None:
     assert added_compose["--backend"] == added_k8s["--backend"] == ["milvus"]
     assert re.fullmatch(r"http://[a-z0-9.-]+:19530", added_k8s["--milvus-uri"][0])
     assert built["image"].split(":")[0] == anns["image"]
+
+
+def test_health_checks_agree(compose, base) -> None:
+    """Each compose health check and the workload's readiness probe ask the same thing of the same port."""
+    for service, (kind, name) in WORKLOAD.items():
+        test = compose[service]["healthcheck"]["test"]
+        probe = m.container(base, kind, name)["readinessProbe"]
+        if test[:2] == ["CMD", "redis-cli"]:
+            assert probe["exec"]["command"] == test[1:], service
+            continue
+        assert test[1:4] == ["python", "-m", "servicekit.health"], service
+        check, target = test[4], test[5]
+        if check == "grpc":
+            assert probe["grpc"]["port"] == int(target.rsplit(":", 1)[1]), service
+        else:
+            url = re.fullmatch(r"http://127\.0\.0\.1:(\d+)(/.*)", target)
+            c = m.container(base, kind, name)
+            assert probe["httpGet"]["path"] == url.group(2), service
+            assert m.port(c, probe["httpGet"]["port"]) == int(url.group(1)), service
