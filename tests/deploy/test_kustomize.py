@@ -189,6 +189,9 @@ def test_the_orchestrators_find_the_replicas_redis_and_retrievers_by_the_manifes
     scripts = m.find(objects, "ConfigMap", "redis-scripts")["data"]
     assert f"sentinel monitor {master} " in scripts["start-sentinel.sh"] and db == "0"
     assert f"get-master-addr-by-name {master}" in scripts["start-redis.sh"]
+    (wait,) = m.pod_spec(m.find(objects, "Deployment", "orchestrator"))["initContainers"]
+    assert f'"redis-sentinel-$i.{governing}" -p 26379' in wait["command"][-1]
+    assert f"get-master-addr-by-name {master}" in wait["command"][-1]
     gateway = parse(m.container(objects, "Deployment", "gateway"))
     name, port = re.fullmatch(r"dns:///([a-z0-9-]+):(\d+)", gateway.orchestrator).groups()
     service = m.find(objects, "Service", name)
