@@ -8,7 +8,9 @@ workload's main container; `argv(container)` is its command and args together.
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -20,8 +22,26 @@ K8S = ROOT / "deploy" / "k8s"
 BASE = K8S / "base"
 OVERLAYS = ("cpu", "gpu", "gpu-vllm", "milvus", "disagg", "tls")
 COMPONENTS = ("tls", "gpu", "vllm", "keda", "inference-hpa", "servicemonitor", "prometheus-annotations")
-KUBECTL = shutil.which("kubectl")
 WORKLOADS = ("Deployment", "StatefulSet")
+
+
+def find_kubectl() -> tuple[str | None, str]:
+    """kubectl with kustomize 5 or later (components, labels), or None and why not."""
+    kubectl = shutil.which("kubectl")
+    if kubectl is None:
+        return None, "kubectl is not installed: the overlays cannot be built"
+    try:
+        version = json.loads(subprocess.run([kubectl, "version", "--client", "-o", "json"], capture_output=True,
+                                            text=True, timeout=60).stdout).get("kustomizeVersion", "")
+    except (ValueError, OSError, subprocess.SubprocessError):
+        version = ""
+    major = re.match(r"v(\d+)\.", version)
+    if major is None or int(major.group(1)) < 5:
+        return None, f"{kubectl} has kustomize {version or 'of unknown version'}: the overlays need 5 or later"
+    return kubectl, ""
+
+
+KUBECTL, NO_KUBECTL = find_kubectl()
 
 
 def base_objects() -> list[dict]:

@@ -32,7 +32,7 @@ from retriever_svc.server_args import add_retriever_args
 from servicekit.config import ServiceConfig
 from tests.deploy import manifests as m
 
-pytestmark = pytest.mark.skipif(m.KUBECTL is None, reason="kubectl is not installed: the overlays cannot be built")
+pytestmark = pytest.mark.skipif(m.KUBECTL is None, reason=m.NO_KUBECTL)
 
 VALIDATOR = shutil.which("kubernetes-validate") or str(Path(sys.executable).parent / "kubernetes-validate")
 CUSTOM_KINDS = {"ScaledObject", "ServiceMonitor"}

@@ -183,7 +183,7 @@ def test_persistent_paths_are_on_volume_claims(compose, base) -> None:
 
 # ---- the overrides and their overlays (kubectl builds them) ----
 
-needs_kubectl = pytest.mark.skipif(m.KUBECTL is None, reason="kubectl is not installed: overlays cannot be built")
+needs_kubectl = pytest.mark.skipif(m.KUBECTL is None, reason=m.NO_KUBECTL)
 
 # The TLS override's file names, and the tls component's keys of the Secret `<service>-tls`.
 TLS_FILES = {".crt": "tls.crt", ".key": "tls.key", "ca.crt": "ca.crt"}
