@@ -148,8 +148,10 @@ def test_every_container_has_probes_and_every_command_parses(label, built) -> No
     for w, c in python_containers(objects):
         args = parse(c)
         assert args.host == "0.0.0.0"
-        grace = ServiceConfig(service="x").grace_s
-        assert m.pod_spec(w)["terminationGracePeriodSeconds"] >= 3 * grace, w["metadata"]["name"]
+        grace = getattr(args, "grace", ServiceConfig(service="x").grace_s)
+        assert m.pod_spec(w)["terminationGracePeriodSeconds"] >= grace + 10, w["metadata"]["name"]
+        if w["metadata"]["name"].startswith(("inference", "orchestrator")):
+            assert grace >= 60, "a stopping replica or orchestrator must have time to finish its answers"
 
 
 def test_probes_are_grpc_native_where_the_service_speaks_grpc(built) -> None:
@@ -161,6 +163,7 @@ def test_probes_are_grpc_native_where_the_service_speaks_grpc(built) -> None:
             assert c[probe]["grpc"] == {"port": port}, (name, probe)
         assert m.port(c, "grpc") == port
     gateway = m.container(objects, "Deployment", "gateway")
+    assert gateway["lifecycle"]["preStop"]["exec"]["command"][0] == "sleep"
     assert gateway["readinessProbe"]["httpGet"]["path"] == gateway["livenessProbe"]["httpGet"]["path"] == "/health"
     inference = m.container(objects, "Deployment", "inference")
     startup = inference["startupProbe"]

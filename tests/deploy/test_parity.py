@@ -42,8 +42,10 @@ ADDRESSES = {
     ("gateway", "--orchestrator"): (["dns:///orchestrators:50051"], ["dns:///orchestrator:50051"]),
 }
 # Flags only the base passes: the ANNS index on the StatefulSet's volume, built there if incomplete
-# (compose uses the index inside the image).
-K8S_ONLY_FLAGS = {"anns": {"--index": ["/data/index"], "--build-from": ["/usr/share/doc/python3.11/html"]}}
+# (compose uses the index inside the image); a long drain for the services that carry answers, so a
+# rolling update lets them finish (terminationGracePeriodSeconds covers it; compose stops in 15 s).
+K8S_ONLY_FLAGS = {"anns": {"--index": ["/data/index"], "--build-from": ["/usr/share/doc/python3.11/html"]},
+                  "inference": {"--grace": ["120"]}, "orchestrator": {"--grace": ["120"]}}
 # Containers started through a wrapper that runs the compose command given as its arguments.
 WRAPPERS = {"redis": ["sh", "/scripts/start-redis.sh"]}
 # The metrics port of each service (servicekit.config; the crawler takes its own, retriever_svc/server.py).
