@@ -26,6 +26,7 @@ import pytest
 
 from gateway.server_args import add_gateway_args
 from inference_svc.server_args import add_inference_args
+from orchestrator.discovery import split_targets
 from orchestrator.server_args import add_orchestrator_args
 from retriever_svc.corpus.web_server import add_serve_corpus_args
 from retriever_svc.server_args import add_retriever_args
@@ -173,8 +174,9 @@ def test_probes_are_grpc_native_where_the_service_speaks_grpc(built) -> None:
 def test_the_orchestrators_find_the_replicas_redis_and_retrievers_by_the_manifests_names(built) -> None:
     objects = built["cpu"]
     args = parse(m.container(objects, "Deployment", "orchestrator"))
-    (target,) = args.inference
-    name, port = re.fullmatch(r"dns:///([a-z0-9-]+):(\d+)", target).groups()
+    static, (found,) = split_targets(args.inference)          # the orchestrator's own reading
+    assert static == [] and found.server is None              # the pod's resolver, as a headless Service needs
+    name, port = found.name, found.port
     service = m.find(objects, "Service", name)
     assert "inference" in name and service["spec"]["clusterIP"] == "None"
     assert service["spec"]["selector"] == m.find(objects, "Deployment", "inference")["spec"]["selector"]["matchLabels"]
