@@ -13,8 +13,10 @@ every orchestrator with gRPC's round_robin and health checking, so the re-issue 
 one, and waits for one to be ready within the call's timeout.
 
 Any other status (the orchestrator's own answer: INVALID_ARGUMENT, NOT_FOUND, ...) is the Ask's
-result and passes on, as does the UNAVAILABLE of the last of `max_resumes` re-issues. This module
-knows messages only by their fields (it sits below `protos`): `request` is an `AskRequest`.
+result and passes on, as does the UNAVAILABLE of the last of `max_reissues` re-issues (`MAX_REISSUES`: a
+caller's limit, apart from the orchestrator's own `MAX_CONTINUATIONS` on replicas that fail under one
+answer). This module knows messages only by their fields (it sits below `protos`): `request` is an
+`AskRequest`.
 """
 
 from __future__ import annotations
@@ -29,19 +31,19 @@ import grpc
 log = logging.getLogger(__name__)
 
 RESUMABLE = frozenset({grpc.StatusCode.UNAVAILABLE})
-MAX_RESUMES = 3
+MAX_REISSUES = 3               # times a caller re-issues one broken call to another orchestrator
 
 
 class ResumableAsk:
     """`async for response in ResumableAsk(stub.Ask-like callable, request)`; `cancel()` cancels the
     call in flight. `ask(request)` opens one call (timeout and metadata are the caller's)."""
 
-    def __init__(self, ask: Callable[[Any], Any], request: Any, *, max_resumes: int = MAX_RESUMES) -> None:
+    def __init__(self, ask: Callable[[Any], Any], request: Any, *, max_reissues: int = MAX_REISSUES) -> None:
         self._ask = ask
         self.request = request
         if not request.request_id:      # a resume names the Ask it resumes
             request.request_id = uuid.uuid4().hex
-        self.max_resumes = max_resumes
+        self.max_reissues = max_reissues
         self.token_ids: list[int] = []
         self.text = ""
         self.attempt = 0
@@ -69,7 +71,7 @@ class ResumableAsk:
                     yield response
                 return
             except grpc.RpcError as exc:
-                if self._cancelled or exc.code() not in RESUMABLE or self.attempt >= self.max_resumes:
+                if self._cancelled or exc.code() not in RESUMABLE or self.attempt >= self.max_reissues:
                     raise
                 self.attempt += 1
                 log.warning("ask %s broke (%s: %s) after %d tokens; re-issuing it (attempt %d)", self.request_id,

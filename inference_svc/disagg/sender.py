@@ -36,6 +36,7 @@ from inference_svc.native.engine_thread import EngineThread
 from inference_svc.rpc.errors import status_for
 from inference_svc.rpc.summary import RequestSummary
 from protos import common_pb2, inference_pb2, kv_transfer_pb2_grpc
+from servicekit.continuation import STOP
 
 
 class HandOff(PrefillHandOff):
@@ -114,8 +115,9 @@ class HandOff(PrefillHandOff):
         self.thread.engine.finish(self.local_id)
 
     def _resume(self, relayed: list[int], remaining: int) -> None:
+        """The continuation (servicekit/continuation.py): the prompt and the relayed tokens, `remaining` more."""
         engine = self.thread.engine
-        sampling = dataclasses.replace(self.sampling, max_tokens=max(remaining, 1))
+        sampling = dataclasses.replace(self.sampling, max_tokens=remaining)
         engine.open(self.fallback_id, [Segment(token_ids=tuple(self.prompt + relayed))], sampling, self.priority)
         engine.finish(self.fallback_id)
 
@@ -136,9 +138,14 @@ class HandOff(PrefillHandOff):
     def _answer(self, done: inference_pb2.InferenceDone) -> None:
         self.events.put_nowait(self._summary(done, time.monotonic()))
 
-    def _end_relayed(self, relayed: list[int]) -> None:
-        done = inference_pb2.InferenceDone(finish_reason=common_pb2.FINISH_REASON_LENGTH)
+    def _end_relayed(self, relayed: list[int], reason: str) -> None:
+        done = inference_pb2.InferenceDone(finish_reason=common_pb2.FINISH_REASON_STOP if reason == STOP
+                                           else common_pb2.FINISH_REASON_LENGTH)
         self.events.put_nowait(self._summary(done, time.monotonic()))
+
+    def _stop_token_ids(self) -> tuple[int, ...]:
+        eos = () if self.sampling.ignore_eos else tuple(self.thread.engine.runner.eos_token_ids)
+        return (*self.sampling.stop_token_ids, *eos)
 
     def _at_fall_back(self, decide) -> None:
         """On the engine thread, which ships and hands off; the fall-back request's events relayed."""

@@ -13,8 +13,9 @@ says why), and the answer does not change:
   replica (the backend's `finish` sees `fallen_back`);
 - while finishing: the request decodes here at once (`_finish_here`);
 - handed off: the tokens the decode replica sent begin the answer. If they are all the answer may
-  have, only its `done` was lost and the request ends (`_end_relayed`); otherwise `_resume` decodes
-  the rest here from the prompt and those tokens.
+  have, or the last is a stop token, only its `done` was lost and the request ends (`_end_relayed`,
+  with the reason); otherwise `_resume` decodes the rest here from the prompt and those tokens (the
+  one continuation rule: `servicekit/continuation.py`).
 
 The backend hooks:
 - `_put(message)`: queue a message (`transfer_call`'s tuples) for the call; by default at once, on
@@ -26,9 +27,11 @@ The backend hooks:
 - `_on_fall_back()`: stop what ships (on the event loop, as the fall-back starts).
 - `_at_fall_back(decide)`: run `decide` where the shipping state is consistent (native: on the
   engine thread, which ships and hands off); by default at once.
-- `_finish_here()`, `_resume(relayed, remaining)`, `_end_relayed(relayed)`: the ways of decoding
-  here, named above.
+- `_finish_here()`, `_resume(relayed, remaining)`, `_end_relayed(relayed, reason)`: the ways of
+  decoding here, named above (`reason`: `continuation.LENGTH` or `STOP`).
 - `_max_output_tokens()`: how many tokens the answer may have (by default the sampling's).
+- `_stop_token_ids()`: the token ids that end the answer (by default the sampling's; a backend adds
+  the model's end-of-sequence ids).
 
 A mixin: it sets its state after the class it is listed before (`super().__init__`), and needs
 `request_id`, `sampling`, `events` (the caller's queue) and `layout` (the KV layout, before the
@@ -46,6 +49,7 @@ from inference_svc.engine.engine import lcp_length
 from inference_svc.engine.events import EventKind
 from inference_svc.kv_transfer.transfer_call import TransferCall, TransferFailed, tokens_per_message
 from protos import inference_pb2, kv_transfer_pb2_grpc
+from servicekit.continuation import Continuation, continue_after
 
 log = logging.getLogger(__name__)
 
@@ -117,17 +121,21 @@ class PrefillHandOff:
         self._on_fall_back()
         log.warning("%s: KV transfer to %s failed (%s); decoding here", self.request_id, self.target, reason)
         self._emit(EventKind.KV_TRANSFER_FALLBACK, detail=f"decode replica {self.target}: {reason}; decoding here")
-        relayed = list(self.call.relayed)
-        if relayed and len(relayed) >= self._max_output_tokens():
-            self._end_relayed(relayed)           # every token arrived: only the decode replica's `done` was lost
+        rest = self._continuation()
+        if rest.nothing_left:                    # every token arrived: only the decode replica's `done` was lost
+            self._end_relayed(list(rest.delivered), rest.ended)
             return
         self._at_fall_back(self._decode_here)
+
+    def _continuation(self) -> Continuation:
+        """The rest of the answer after the tokens the decode replica relayed (servicekit/continuation.py)."""
+        return continue_after(self.call.relayed, self._max_output_tokens(), self._stop_token_ids())
 
     def _decode_here(self) -> None:
         """The fall-back's choice, made where the shipping state is consistent (`_at_fall_back`)."""
         if self.handed_off:
-            relayed = list(self.call.relayed)
-            self._resume(relayed, self._max_output_tokens() - len(relayed))
+            rest = self._continuation()
+            self._resume(list(rest.delivered), rest.max_tokens)
         elif self.finishing:
             self._finish_here()
         # else `finish`, when it arrives, decodes here
@@ -154,8 +162,11 @@ class PrefillHandOff:
     def _resume(self, relayed: list[int], remaining: int) -> None:
         raise NotImplementedError
 
-    def _end_relayed(self, relayed: list[int]) -> None:
+    def _end_relayed(self, relayed: list[int], reason: str) -> None:
         raise NotImplementedError
 
     def _max_output_tokens(self) -> int:
         return self.sampling.max_tokens
+
+    def _stop_token_ids(self) -> tuple[int, ...]:
+        return tuple(self.sampling.stop_token_ids)

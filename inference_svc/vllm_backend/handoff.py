@@ -38,6 +38,7 @@ from inference_svc.vllm_backend.kv_spool import SHIP_KEY, KvSpool
 from inference_svc.vllm_backend.servicer import VllmServicer
 from inference_svc.vllm_backend.session import VllmRequest, vllm_params
 from protos import kv_transfer_pb2_grpc
+from servicekit.continuation import STOP
 
 
 class HandOffRequest(PrefillHandOff, VllmRequest):
@@ -146,14 +147,15 @@ class HandOffRequest(PrefillHandOff, VllmRequest):
         """Finish as a colocated request (the prefix cache holds what was submitted)."""
         super().finish(self._finish_segments, self.stats.last_input_time)
 
-    def _end_relayed(self, relayed: list[int]) -> None:
+    def _end_relayed(self, relayed: list[int], reason: str) -> None:
         self._take_relayed(relayed)
-        self._end(FinishReason.LENGTH)
+        self._end(FinishReason.STOP if reason == STOP else FinishReason.LENGTH)
 
     def _resume(self, relayed: list[int], remaining: int) -> None:
-        """Decode the rest of an answer the decode replica started: the prompt and the relayed tokens
-        as one plain submission (the prefix cache holds the prompt's full blocks) for the tokens still
-        allowed. Nothing relayed: finish as a colocated request."""
+        """Decode the rest of an answer the decode replica started (the continuation,
+        servicekit/continuation.py): the prompt and the relayed tokens as one plain submission (the
+        prefix cache holds the prompt's full blocks) for the `remaining` tokens. Nothing relayed: the
+        same continuation, made by finishing as a colocated request."""
         if not relayed:
             self._finish_here()
             return

@@ -44,8 +44,8 @@ class Recorded(PrefillHandOff):
     def _resume(self, relayed, remaining) -> None:
         self.done.append(("resume", relayed, remaining))
 
-    def _end_relayed(self, relayed) -> None:
-        self.done.append(("end", relayed))
+    def _end_relayed(self, relayed, reason) -> None:
+        self.done.append(("end", relayed, reason))
 
 
 def kinds(handoff: Recorded) -> list[str]:
@@ -102,7 +102,17 @@ def test_every_token_relayed_only_the_done_was_lost():
     handoff._hand_off(None)
     handoff.call.relayed.extend([11, 12])
     handoff._fail_over("lost")
-    assert handoff.done == [("end", [11, 12])]
+    assert handoff.done == [("end", [11, 12], "length")]
+
+
+def test_a_stop_token_relayed_last_ends_the_answer_with_stop():
+    handoff = Recorded(max_tokens=5)
+    handoff.sampling = SamplingParams(max_tokens=5, stop_token_ids=(12,))
+    handoff.finishing = True
+    handoff._hand_off(None)
+    handoff.call.relayed.extend([11, 12])
+    handoff._fail_over("lost")
+    assert handoff.done == [("end", [11, 12], "stop")]
 
 
 def test_a_request_that_ended_or_fell_back_does_not_fall_back_again():

@@ -88,5 +88,5 @@ def test_the_orchestrators_own_answer_passes_on_and_resumes_are_bounded():
     assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     script = Script(*[[Broken(grpc.StatusCode.UNAVAILABLE)]] * 3)
     with pytest.raises(grpc.RpcError):
-        collect(ResumableAsk(script, orchestrator_pb2.AskRequest(), max_resumes=2))
+        collect(ResumableAsk(script, orchestrator_pb2.AskRequest(), max_reissues=2))
     assert len(script.requests) == 3
