@@ -3,7 +3,9 @@
 `start_generation` decides what a request asks the orchestrator: `Orchestrator.Ask` when it
 wants retrieval (model `streamrag-rag` or a `retrieval` field), else `Inference.Generate` on
 its `Inference` service (a replica its router picks; the request is recorded like an Ask), with
-the prompt built by the endpoint for the served model's chat format.
+the prompt built by the endpoint for the served model's chat format. Both survive the orchestrator
+serving them: an Ask is re-issued as a resume (`servicekit.ask_resume`), a plain generation as its
+continuation (`gateway/plain_resume.py`).
 
 A `Generation` wraps the gRPC call. `first_output()` waits for the first token (or the end):
 an error before it is an HTTP error status; after it, the stream is already answered with 200
@@ -22,6 +24,7 @@ from typing import Any
 import grpc
 
 from gateway.errors import GatewayError, from_grpc
+from gateway.plain_resume import ResumableGenerate
 from gateway.protocol import RAG_MODEL, GenerationRequest, RetrievalOptions, Sampling
 from gateway.upstream import Upstream
 from protos import common_pb2, inference_pb2, orchestrator_pb2
@@ -162,5 +165,9 @@ async def start_generation(upstream: Upstream, request: GenerationRequest, reque
     info = await upstream.model_info(request.model)
     generate = inference_pb2.GenerateRequest(request_id=request_id, segments=prompt(info.chat_format),
                                              sampling=sampling)
-    call = upstream.inference.Generate(generate, timeout=REQUEST_TIMEOUT_S, metadata=upstream.plain_metadata(question))
+    # An orchestrator dying mid-answer: the call is re-issued to another as its continuation (one answer).
+    stop_token_ids = (*sampling.stop_token_ids, *info.chat_format.eos_token_ids)
+    call = ResumableGenerate(lambda request, resume: upstream.inference.Generate(
+        request, timeout=REQUEST_TIMEOUT_S, metadata=(*upstream.plain_metadata(question), *resume)),
+        generate, stop_token_ids)
     return Generation(call, _inference_finish, "plain")

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field, replace
 
 import grpc
 
+from orchestrator.recording import record_retrievers, record_warning
 from protos import orchestrator_pb2, retriever_pb2
 
 log = logging.getLogger(__name__)
@@ -87,7 +88,7 @@ class ContextWarnings:
 
     async def add(self, text: str) -> None:
         self.all.append(text)
-        await self.store.event(self.request_id, "WARNING", detail=text)
+        await record_warning(self.store, self.request_id, text)
         await self.out.put(orchestrator_pb2.AskEvent(warning=text))
 
     async def plan(self, settings, stubs: dict):
@@ -97,7 +98,7 @@ class ContextWarnings:
                                     settings.collection)
         if plan.retrievers != settings.retrievers:
             settings = replace(settings, choice=plan.choice, retrievers=plan.retrievers)
-            await self.store.update(self.request_id, retriever=",".join(plan.retrievers) or "none")
+            await record_retrievers(self.store, self.request_id, plan.retrievers)
         for text in plan.warnings:
             await self.add(text)
         return settings

@@ -5,10 +5,14 @@ The gateway's plain chats and completions (`Generate`) and its WebSocket's strea
 
 - the same router picks the replica (`router.choose_ready`, keyed by the prompt's first segment,
   which for a chat is the model's chat head: the prefix every chat shares), waiting a little for
-  one when none is available, as an Ask does (failures.py); a `Generate` whose replica fails
-  before the first token moves once to another, or, with no other, to the first that is (back)
-  within the same wait (the statuses that move, and the wait: failures.py). A
-  `StreamPrompt` does not move (the client's input is not kept here): it ends UNAVAILABLE;
+  one when none is available, as an Ask does (failures.py);
+- the same keeper (keeper.py) keeps a `Generate`'s answer going: a replica that fails before the
+  first token is replaced once (with no other, by the first that is (back) within the same wait),
+  one that fails after it is replaced by another that continues the answer (the statuses that
+  move, and the wait: failures.py). A caller whose orchestrator died re-issues the call with
+  `protos.metadata.RESUME_KEY` and the continuation as its request (gateway/plain_resume.py); the
+  keeper continues it, recorded RESUMED (the record's answer is then the text from the re-issue
+  on). A `StreamPrompt` does not move (the client's input is not kept here): it ends UNAVAILABLE;
 - the same store keeps its lifecycle (`recording.py`): created with retriever "none", each engine
   lifecycle event, then FINISHED with the answer, first-token time and the engine's statistics,
   FAILED with the error, or CANCELLED when the caller went away;
@@ -30,14 +34,23 @@ from collections.abc import AsyncIterator
 
 import grpc
 
-from orchestrator.fail_over import fail_over
-from orchestrator.failures import ask_fails_over, peer_wait_s, streamed_ask_status
+from orchestrator.chat_formats import ChatFormats
+from orchestrator.failures import peer_wait_s, streamed_ask_status
+from orchestrator.keeper import AnswerFailed, Keeper
 from orchestrator.lifecycle_store import LifecycleStore
 from orchestrator.metrics import OrchestratorMetrics
-from orchestrator.recording import abort_failed, record_cancelled, record_failed, record_finished, record_lifecycle
+from orchestrator.recording import (
+    abort_failed,
+    record_cancelled,
+    record_created,
+    record_failed,
+    record_finished,
+    record_lifecycle,
+)
 from orchestrator.router import NoReplicaAvailable, Replica, ReplicaRouter
-from protos import inference_pb2, inference_pb2_grpc
-from protos.metadata import QUESTION_KEY
+from protos import common_pb2, inference_pb2, inference_pb2_grpc, orchestrator_pb2
+from protos.metadata import QUESTION_KEY, RESUME_KEY
+from servicekit.continuation import budget
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +72,35 @@ def prefix_key(segments) -> str:
     return segments[0].text if segments else ""
 
 
+def resume_of(context: grpc.aio.ServicerContext) -> tuple[int, int] | None:
+    """A re-issued plain call's (attempt, tokens delivered), from `RESUME_KEY`; None for a first call."""
+    for key, value in context.invocation_metadata() or ():
+        if key == RESUME_KEY:
+            text = value.decode() if isinstance(value, bytes) else str(value)
+            attempt, _, tokens = text.partition(":")
+            try:
+                return int(attempt), int(tokens)
+            except ValueError:
+                return None
+    return None
+
+
+def continued_prompt(request: inference_pb2.GenerateRequest, tokens: int,
+                     ) -> tuple[orchestrator_pb2.AskPrompt, list[int]] | None:
+    """A re-issue's request is its continuation (servicekit/continuation.py): the original prompt, then a
+    segment of the `tokens` delivered ids, `max_tokens` less them. The original prompt and those ids;
+    None when the request is not one."""
+    if not tokens:
+        return orchestrator_pb2.AskPrompt(segments=request.segments, sampling=request.sampling), []
+    last = request.segments[-1] if request.segments else None
+    if last is None or last.WhichOneof("content") != "token_ids" or len(last.token_ids.ids) != tokens:
+        return None
+    sampling = common_pb2.SamplingParams()
+    sampling.CopyFrom(request.sampling)
+    sampling.max_tokens = budget(request.sampling.max_tokens) + tokens
+    return orchestrator_pb2.AskPrompt(segments=request.segments[:-1], sampling=sampling), list(last.token_ids.ids)
+
+
 class _Timing:
     def __init__(self) -> None:
         self.started = time.monotonic()
@@ -73,6 +115,7 @@ class InferenceProxy(inference_pb2_grpc.InferenceServicer):
         self.router = router
         self.store = store
         self.metrics = metrics
+        self.chat_formats = ChatFormats()
 
     async def _choose(self, context, key: str) -> Replica:
         """The replica for `key`; with none available, wait a little for one (failures.py)."""
@@ -89,11 +132,11 @@ class InferenceProxy(inference_pb2_grpc.InferenceServicer):
             await context.abort(exc.code(), f"replica {replica.address}: {exc.details()}")
 
     async def _relay(self, request_id: str, event: inference_pb2.InferenceEvent, timing: _Timing,
-                     replica: Replica, key: str) -> bool:
-        """Record one event of the replica's answer; True for its last (`done`: the answer is complete,
-        whether or not the caller reads on)."""
+                     replica: Replica, key: str, record_lifecycles: bool = True) -> bool:
+        """Record one event of the replica's answer (lifecycle events: when `record_lifecycle`); True for
+        its last (`done`: the answer is complete, whether or not the caller reads on)."""
         kind = event.WhichOneof("kind")
-        if kind == "lifecycle":
+        if kind == "lifecycle" and record_lifecycles:
             await record_lifecycle(self.store, request_id, event.lifecycle)
         elif kind == "token" and timing.first_token is None:
             timing.first_token = time.monotonic()
@@ -106,49 +149,58 @@ class InferenceProxy(inference_pb2_grpc.InferenceServicer):
         return False
 
     async def Generate(self, request, context) -> AsyncIterator[inference_pb2.GenerateResponse]:
-        forward = inference_pb2.GenerateRequest()
-        forward.CopyFrom(request)
-        forward.request_id = request_id = request.request_id or uuid.uuid4().hex
-        key, timing = prefix_key(forward.segments), _Timing()
-        replica = await self._choose(context, key)
-        await self.store.create(request_id, question_of(context, forward.segments), retriever="none",
-                                streamed=False, replica=replica.address)
-        outcome, call, retried = "cancelled", None, False
+        """The answer, kept going by a keeper (keeper.py) like an Ask's: moved once before its first
+        token, continued on another replica after it; a re-issue (`RESUME_KEY`) continues it."""
+        request_id = request.request_id or uuid.uuid4().hex
+        key, timing, resume = prefix_key(request.segments), _Timing(), resume_of(context)
+        out: asyncio.Queue = asyncio.Queue()
+        keeper = Keeper(request_id, self.router, self.store, out.put, key=key, chat_formats=self.chat_formats,
+                        time_remaining=context.time_remaining, attempt=resume[0] if resume else 0)
+        keeper.failure_prefix = ""                 # the replica's status and message, as it gave them
+        continued = continued_prompt(request, resume[1] if resume else 0)
+        if continued is None:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"{RESUME_KEY} names {resume[1]} tokens: the "
+                                "request's last segment must be those token ids (its continuation)")
+        outcome, task = "cancelled", None
         try:
+            try:
+                if resume and resume[1]:
+                    await keeper.resumed(continued[1], "", prompt=continued[0])
+                    work = keeper.continue_answer()
+                else:
+                    await keeper.choose()
+                    await record_created(self.store, request_id, question_of(context, request.segments),
+                                         retriever="none", streamed=False, replica=keeper.replica.address)
+                    if resume:
+                        await keeper.retried()
+                    keeper.prompt = continued[0]      # kept here: the caller holds the prompt to re-issue
+                    forward = inference_pb2.GenerateRequest()
+                    forward.CopyFrom(request)
+                    forward.request_id = keeper.inference_id
+                    work = keeper.generate(forward)
+            except NoReplicaAvailable as exc:
+                raise AnswerFailed(grpc.StatusCode.UNAVAILABLE, str(exc)) from exc
+            task = asyncio.create_task(_guarded(work, out))
             while True:
-                call = replica.stub.Generate(forward, timeout=context.time_remaining())
-                try:
-                    async for response in call:
-                        if await self._relay(request_id, response.event, timing, replica, key):
-                            outcome = "answered"
-                        yield response
+                item = await out.get()
+                if isinstance(item, BaseException):
+                    raise item
+                if await self._relay(request_id, item, timing, keeper.replica, key, record_lifecycles=False):
+                    outcome = "answered"
+                yield inference_pb2.GenerateResponse(event=item)
+                if outcome == "answered":
                     return
-                except grpc.RpcError as exc:
-                    if retried or timing.first_token is not None or not ask_fails_over(exc.code()):
-                        outcome = "failed"       # the replica's status and message, as it gave them
-                        await abort_failed(self.store, context, request_id, exc.code(),
-                                           exc.details() or exc.code().name)
-                    retried = True
-                    chosen = await self._fail_over(request_id, replica, key, exc, context.time_remaining())
-                    if chosen is None:
-                        outcome = "failed"
-                        await abort_failed(self.store, context, request_id, grpc.StatusCode.UNAVAILABLE,
-                                           f"no replica left after {replica.address}")
-                    replica = chosen
+        except AnswerFailed as failure:
+            outcome = "failed"
+            await abort_failed(self.store, context, request_id, failure.code, failure.message)
         finally:
-            if call is not None:
-                call.cancel()              # a no-op once it ended; else the replica frees the request's blocks
+            if task is not None:
+                task.cancel()              # its call too: the replica frees the request's blocks
+                await asyncio.gather(task, return_exceptions=True)
+            await keeper.close()
             if outcome == "cancelled":
                 await record_cancelled(self.store, request_id)
             self.metrics.asks.labels(MODE, outcome).inc()
-
-    async def _fail_over(self, request_id: str, replica: Replica, key: str, exc: grpc.RpcError,
-                         time_remaining: float | None) -> Replica | None:
-        """The replica that takes over from `replica` (fail_over.py); None when none is."""
-        try:
-            return await fail_over(self.router, self.store, request_id, replica, key, exc, time_remaining)
-        except NoReplicaAvailable:
-            return None
 
     async def StreamPrompt(self, request_iterator, context) -> AsyncIterator[inference_pb2.StreamPromptResponse]:
         first = await anext(request_iterator, None)
@@ -161,8 +213,8 @@ class InferenceProxy(inference_pb2_grpc.InferenceServicer):
         key, timing = prefix_key(opened.segments) if opened is not None else "", _Timing()
         replica = await self._choose(context, key)
         if request_id:          # not an open: the replica refuses it, and there is nothing to record
-            await self.store.create(request_id, question_of(context, opened.segments), retriever="none",
-                                    streamed=True, replica=replica.address)
+            await record_created(self.store, request_id, question_of(context, opened.segments), retriever="none",
+                                 streamed=True, replica=replica.address)
         call = replica.stub.StreamPrompt(timeout=context.time_remaining())
         pump = asyncio.create_task(self._pump(first, request_iterator, call))
         outcome = "cancelled"
@@ -203,3 +255,13 @@ class InferenceProxy(inference_pb2_grpc.InferenceServicer):
             log.warning("StreamPrompt input failed: %s", exc)
             call.cancel()
 
+
+
+async def _guarded(work, out: asyncio.Queue) -> None:
+    """Run the keeper's `work`; what it raises ends the call (read from `out`)."""
+    try:
+        await work
+    except asyncio.CancelledError:
+        raise
+    except Exception as exc:
+        await out.put(exc)

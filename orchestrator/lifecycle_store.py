@@ -26,151 +26,40 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
-import time
 from collections import OrderedDict, deque
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Mapping
 from typing import Any
 
 import redis.asyncio as redis
-from google.protobuf.descriptor import FieldDescriptor
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from protos import common_pb2, orchestrator_pb2
+from orchestrator.lifecycle_records import (
+    RECENT_KEY,
+    REDIS_GAP,
+    StoredEvent,
+    StoredRequest,
+    StoreUnavailable,
+    as_text,
+    events_key,
+    lifecycle_kind_name,
+    now_ms,
+    request_key,
+    to_proto,
+)
+from orchestrator.lifecycle_writes import Write, encode_field, store_batch
+
+__all__ = ["RECENT_KEY", "REDIS_GAP", "REDIS_UNREACHABLE", "LifecycleStore", "StoreUnavailable", "StoredEvent",
+           "StoredRequest", "events_key", "lifecycle_kind_name", "now_ms", "request_key", "to_proto"]
 
 log = logging.getLogger(__name__)
-
-RECENT_KEY = "streamrag:requests:recent"
-REDIS_GAP = "REDIS_GAP"
 
 REDIS_UNREACHABLE = (RedisConnectionError, RedisTimeoutError, OSError)
 _BATCH_MAX = 500  # writes per pipeline
 _STREAM_IDS_KEPT = 20_000  # requests whose last stream id is remembered
-_STATE_PREFIX = "REQUEST_STATE_"
-_RETRIEVER_PREFIX = "RETRIEVER_CHOICE_"
-_LIFECYCLE_PREFIX = "LIFECYCLE_EVENT_KIND_"
-_RECORD_FIELDS = frozenset({
-    "question", "state", "replica", "retriever", "streamed", "created_unix_ms", "updated_unix_ms", "answer",
-    "ttft_from_question_s", "ttft_from_retrieval_end_s", "error", "stats"})
-
-
-def request_key(request_id: str) -> str:
-    """The hash holding one request's fields."""
-    return f"streamrag:req:{request_id}"
-
-
-def events_key(request_id: str) -> str:
-    """The Redis Stream holding one request's events."""
-    return f"streamrag:req:{request_id}:events"
-
-
-def lifecycle_kind_name(kind: int) -> str:
-    """`LIFECYCLE_EVENT_KIND_QUEUED` -> "QUEUED", the kind string events are stored under."""
-    return common_pb2.LifecycleEventKind.Name(kind).removeprefix(_LIFECYCLE_PREFIX)
-
-
-class StoreUnavailable(Exception):
-    """Redis cannot be reached, so stored records cannot be read (the servicer's UNAVAILABLE)."""
-
-
-@dataclass
-class StoredEvent:
-    """One entry of a request's event stream."""
-
-    stream_id: str  # "<ms>-<seq>", ordered as recorded
-    kind: str  # "QUEUED", "RETRIEVAL_CHUNK", "REDIS_GAP", ...
-    unix_ms: int
-    fields: dict[str, str] = field(default_factory=dict)
-
-
-@dataclass
-class StoredRequest:
-    """One request as stored: the hash's fields and (from `get`) its events, oldest first."""
-
-    request_id: str
-    question: str = ""
-    state: str = ""  # RequestState name without its prefix: "RECEIVED", "FINISHED", ...
-    replica: str = ""
-    retriever: str = ""  # as given to `create`: "anns", "anns,crawler", "none", ...
-    streamed: bool = False
-    created_unix_ms: int = 0
-    updated_unix_ms: int = 0
-    answer: str = ""
-    ttft_from_question_s: float = 0.0
-    ttft_from_retrieval_end_s: float = 0.0
-    error: str = ""
-    stats: dict[str, float] = field(default_factory=dict)  # RequestStats field -> value
-    extra: dict[str, str] = field(default_factory=dict)  # other hash fields given to `update`
-    events: list[StoredEvent] = field(default_factory=list)
-
-    @classmethod
-    def from_redis(cls, request_id: str, fields: Mapping[str, str],
-                   entries: Sequence[tuple[str, Mapping[str, str]]] = ()) -> StoredRequest:
-        """Decode a hash (HGETALL) and stream entries (XRANGE) as written by `LifecycleStore`."""
-        events = []
-        for stream_id, entry in entries:
-            rest = dict(entry)
-            kind = rest.pop("kind", "")
-            unix_ms = int(rest.pop("unix_ms", "") or stream_id.partition("-")[0] or 0)
-            events.append(StoredEvent(stream_id, kind, unix_ms, rest))
-        return cls(
-            request_id=request_id,
-            question=fields.get("question", ""),
-            state=fields.get("state", ""),
-            replica=fields.get("replica", ""),
-            retriever=fields.get("retriever", ""),
-            streamed=fields.get("streamed") == "1",
-            created_unix_ms=int(fields.get("created_unix_ms") or 0),
-            updated_unix_ms=int(fields.get("updated_unix_ms") or 0),
-            answer=fields.get("answer", ""),
-            ttft_from_question_s=float(fields.get("ttft_from_question_s") or 0.0),
-            ttft_from_retrieval_end_s=float(fields.get("ttft_from_retrieval_end_s") or 0.0),
-            error=fields.get("error", ""),
-            stats=json.loads(fields["stats"]) if fields.get("stats") else {},
-            extra={name: value for name, value in fields.items() if name not in _RECORD_FIELDS},
-            events=events,
-        )
-
-
-def to_proto(stored: StoredRequest) -> orchestrator_pb2.RequestRecord:
-    """The `RequestRecord` that `Orchestrator.GetRequest` returns for a stored request."""
-    record = orchestrator_pb2.RequestRecord(
-        request_id=stored.request_id,
-        question=stored.question,
-        state=_enum_value(orchestrator_pb2.RequestState, _STATE_PREFIX, stored.state),
-        replica=stored.replica,
-        retriever=_retriever_choice(stored.retriever),
-        streamed=stored.streamed,
-        created_unix_ms=stored.created_unix_ms,
-        updated_unix_ms=stored.updated_unix_ms,
-        answer=stored.answer,
-        ttft_from_question_s=stored.ttft_from_question_s,
-        ttft_from_retrieval_end_s=stored.ttft_from_retrieval_end_s,
-        error=stored.error,
-    )
-    if stored.stats:
-        record.stats.CopyFrom(_stats_proto(stored.stats))
-    for event in stored.events:
-        record.events.add(stream_id=event.stream_id, kind=event.kind, unix_ms=event.unix_ms, fields=event.fields)
-    return record
-
-
-@dataclass(slots=True)
-class _Write:
-    """One queued write: hash fields to set, maybe a stream entry, maybe an index entry."""
-
-    request_id: str
-    hash_fields: dict[str, str]
-    entry: dict[str, str] | None = None
-    stream_id: str = ""
-    created_unix_ms: int | None = None
-    attempted: bool = False  # sent in a pipeline whose connection broke: it may be stored already
 
 
 class LifecycleStore:
@@ -195,8 +84,8 @@ class LifecycleStore:
         self.write_errors = 0
         self._redis: redis.Redis | None = None
         self._writer: asyncio.Task[None] | None = None
-        self._queue: deque[_Write] = deque()
-        self._inflight: list[_Write] = []
+        self._queue: deque[Write] = deque()
+        self._inflight: list[Write] = []
         self._wakeup = asyncio.Event()
         self._retry_now = asyncio.Event()
         self._idle = asyncio.Event()
@@ -270,9 +159,9 @@ class LifecycleStore:
         """
         now = now_ms()
         fields = {"question": question, "state": "RECEIVED", "replica": replica,
-                  "retriever": self._encode_field("retriever", retriever), "streamed": _text(streamed),
+                  "retriever": encode_field("retriever", retriever), "streamed": as_text(streamed),
                   "created_unix_ms": str(now), "updated_unix_ms": str(now)}
-        self._enqueue(_Write(request_id, fields, created_unix_ms=now))
+        self._enqueue(Write(request_id, fields, created_unix_ms=now))
         if self._failures:   # Redis was down: try now rather than after the back-off, so a Redis that
             self._retry_now.set()   # is back stores the next request's writes as they come
 
@@ -295,10 +184,10 @@ class LifecycleStore:
         `stats` (a `RequestStats` or a mapping of its fields). Any other name (e.g.
         `finish_reason`) is stored as a string and read back in `StoredRequest.extra`.
         """
-        encoded = {name: self._encode_field(name, value) for name, value in fields.items() if value is not None}
+        encoded = {name: encode_field(name, value) for name, value in fields.items() if value is not None}
         if encoded:
             encoded["updated_unix_ms"] = str(now_ms())
-            self._enqueue(_Write(request_id, encoded))
+            self._enqueue(Write(request_id, encoded))
 
     # -- reads --------------------------------------------------------------------------------
 
@@ -344,21 +233,11 @@ class LifecycleStore:
             raise RuntimeError("LifecycleStore.start() was not called")
         return self._redis
 
-    @staticmethod
-    def _encode_field(name: str, value: Any) -> str:
-        if name == "state":
-            return _state_name(value)
-        if name == "retriever" and isinstance(value, int):
-            return orchestrator_pb2.RetrieverChoice.Name(value).removeprefix(_RETRIEVER_PREFIX).lower()
-        if name == "stats":
-            return json.dumps(_stats_dict(value))
-        return _text(value)
-
-    def _event_write(self, request_id: str, kind: str, unix_ms: int | None, fields: Mapping[str, Any]) -> _Write:
+    def _event_write(self, request_id: str, kind: str, unix_ms: int | None, fields: Mapping[str, Any]) -> Write:
         now = now_ms()
         entry = {"kind": kind, "unix_ms": str(unix_ms or now)}
-        entry.update((name, _text(value)) for name, value in fields.items() if value is not None)
-        return _Write(request_id, {"updated_unix_ms": str(now)}, entry, self._next_stream_id(request_id, now))
+        entry.update((name, as_text(value)) for name, value in fields.items() if value is not None)
+        return Write(request_id, {"updated_unix_ms": str(now)}, entry, self._next_stream_id(request_id, now))
 
     def _next_stream_id(self, request_id: str, now_ms: int) -> str:
         """Strictly increasing per request, even if the clock stands still or steps back."""
@@ -370,7 +249,7 @@ class LifecycleStore:
             self._last_ids.popitem(last=False)
         return f"{ms}-{seq}"
 
-    def _enqueue(self, write: _Write) -> None:
+    def _enqueue(self, write: Write) -> None:
         if self._failures:
             self._note_gap(write.request_id, 0)
         self._queue.append(write)
@@ -411,47 +290,8 @@ class LifecycleStore:
             self._inflight = []
             self._on_written()
 
-    async def _write(self, batch: list[_Write]) -> None:
-        pipe = self._client().pipeline(transaction=False)
-        xadds: list[tuple[int, _Write]] = []
-        touched: dict[str, None] = {}
-        indexed = False
-        for write in batch:
-            touched[write.request_id] = None
-            if write.hash_fields:
-                pipe.hset(request_key(write.request_id), mapping=write.hash_fields)
-            if write.entry is not None:
-                xadds.append((len(pipe), write))
-                pipe.xadd(events_key(write.request_id), write.entry, id=write.stream_id)
-            if write.created_unix_ms is not None:
-                pipe.zadd(RECENT_KEY, {write.request_id: write.created_unix_ms})
-                indexed = True
-        for request_id in touched:
-            pipe.expire(request_key(request_id), self.ttl_s)
-            pipe.expire(events_key(request_id), self.ttl_s)
-        if indexed:
-            pipe.zremrangebyrank(RECENT_KEY, 0, -self.recent_max - 1)
-            pipe.expire(RECENT_KEY, self.ttl_s)
-        results = await pipe.execute(raise_on_error=False)
-
-        redo = []
-        xadd_at = dict(xadds)
-        for position, result in enumerate(results):
-            if not isinstance(result, ResponseError):
-                continue
-            write = xadd_at.get(position)
-            if write is not None and "equal or smaller" in str(result):
-                if not write.attempted:  # the stream is ahead of our id (clock stepped back): append anyway
-                    redo.append(write)
-                continue  # an attempted write: stored by the broken attempt
-            self.write_errors += 1
-            log.warning("lifecycle store: Redis refused a write: %s", result)
-        if redo:
-            pipe = self._client().pipeline(transaction=False)
-            for write in redo:
-                write.stream_id = "*"
-                pipe.xadd(events_key(write.request_id), write.entry, id="*")
-            await pipe.execute(raise_on_error=False)
+    async def _write(self, batch: list[Write]) -> None:
+        self.write_errors += await store_batch(self._client(), batch, self.ttl_s, self.recent_max)
 
     def _on_unreachable(self, exc: Exception) -> None:
         for write in self._inflight:
@@ -482,60 +322,3 @@ class LifecycleStore:
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._retry_now.wait(), delay)
         self._retry_now.clear()
-
-
-def now_ms() -> int:
-    return time.time_ns() // 1_000_000
-
-
-def _text(value: Any) -> str:
-    if isinstance(value, bool):
-        return "1" if value else "0"
-    return str(value)
-
-
-def _state_name(state: int | str) -> str:
-    """The short `RequestState` name of a value or (short or full) name; unknown ones are kept, with a warning."""
-    full = _STATE_PREFIX + state.upper().removeprefix(_STATE_PREFIX) if isinstance(state, str) else ""
-    try:
-        full = orchestrator_pb2.RequestState.Name(state) if isinstance(state, int) else full
-        orchestrator_pb2.RequestState.Value(full)
-    except ValueError:
-        log.warning("lifecycle store: unknown request state %r", state)
-        return str(state)
-    return full.removeprefix(_STATE_PREFIX)
-
-
-def _retriever_choice(retriever: str) -> int:
-    """"anns" -> ANNS, "anns,crawler" -> BOTH, "none" -> NONE; anything else UNSPECIFIED."""
-    names = {name.strip().upper() for name in retriever.split(",") if name.strip()}
-    if names == {"ANNS", "CRAWLER"}:
-        names = {"BOTH"}
-    if len(names) != 1:
-        return orchestrator_pb2.RETRIEVER_CHOICE_UNSPECIFIED
-    return _enum_value(orchestrator_pb2.RetrieverChoice, _RETRIEVER_PREFIX, names.pop())
-
-
-def _enum_value(enum: Any, prefix: str, name: str) -> int:
-    try:
-        return enum.Value(prefix + name)
-    except ValueError:
-        return 0
-
-
-def _stats_dict(stats: common_pb2.RequestStats | Mapping[str, float]) -> dict[str, float]:
-    if isinstance(stats, common_pb2.RequestStats):
-        return {f.name: getattr(stats, f.name) for f in stats.DESCRIPTOR.fields}
-    return dict(stats)
-
-
-def _stats_proto(stats: Mapping[str, float]) -> common_pb2.RequestStats:
-    fields = common_pb2.RequestStats.DESCRIPTOR.fields_by_name
-    floating = (FieldDescriptor.TYPE_DOUBLE, FieldDescriptor.TYPE_FLOAT)
-    def decoded(name: str, value: Any) -> Any:
-        kind = fields[name].type
-        if kind == FieldDescriptor.TYPE_STRING:     # e.g. kv_reuse ("exact")
-            return str(value)
-        return float(value) if kind in floating else int(value)
-
-    return common_pb2.RequestStats(**{name: decoded(name, value) for name, value in stats.items() if name in fields})

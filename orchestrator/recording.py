@@ -7,8 +7,11 @@
   statistics) with a `DONE` event; an `ERROR` event then the FAILED record with the error; a
   `CANCELLED` event and record when the caller went away.
 
-Events only a kind of request has (an Ask's RETRIEVAL_CHUNK, a query's SESSION_QUERY) are its own.
-The store (`lifecycle_store.py`) keeps what it is given; these are the rules of what to give it.
+Events only a kind of request has are written here too, so every write to the store is in this
+module: an Ask's RETRIEVAL_CHUNK, WARNING and retriever change; the keeper's saved prompt and its
+RETRIED, RESUMED and CONTINUED events (keeper.py); a query's SESSION_QUERY and STARTED; a session's
+CREATED, INGESTED, REBUILT and CLOSED on `session:<id>`. The store (`lifecycle_store.py`) keeps what
+it is given; these are the rules of what to give it.
 """
 
 from __future__ import annotations
@@ -19,7 +22,63 @@ from typing import Any, NoReturn
 import grpc
 
 from orchestrator.lifecycle_store import LifecycleStore, lifecycle_kind_name
-from protos import common_pb2, inference_pb2, sessions_pb2
+from protos import common_pb2, inference_pb2, retriever_pb2, sessions_pb2
+
+
+async def record_created(store: LifecycleStore, request_id: str, question: str, *, retriever: str, streamed: bool,
+                         replica: str) -> None:
+    """A new request (state RECEIVED): `retriever` names the retrievers asked ("anns,crawler", "none")."""
+    await store.create(request_id, question, retriever=retriever, streamed=streamed, replica=replica)
+
+
+async def record_retrievers(store: LifecycleStore, request_id: str, retrievers: list[str]) -> None:
+    """The retrievers an Ask asks changed (context_warnings.py's fall-back)."""
+    await store.update(request_id, retriever=",".join(retrievers) or "none")
+
+
+async def record_chunk(store: LifecycleStore, request_id: str, source: str, chunk: retriever_pb2.ContextChunk) -> None:
+    await store.event(request_id, "RETRIEVAL_CHUNK", source=source, seq=chunk.seq,
+                      mode=retriever_pb2.ChunkMode.Name(chunk.mode), docs=len(chunk.documents), final=chunk.final)
+
+
+async def record_warning(store: LifecycleStore, request_id: str, text: str) -> None:
+    await store.event(request_id, "WARNING", detail=text)
+
+
+async def record_fields(store: LifecycleStore, request_id: str, **fields: str) -> None:
+    """More fields of the request's record, read back in `StoredRequest.extra` (the keeper's saved prompt)."""
+    await store.update(request_id, **fields)
+
+
+async def record_retried(store: LifecycleStore, request_id: str, attempt: int) -> None:
+    """The caller re-issued a request before its first token: it starts again (keeper.py)."""
+    await store.event(request_id, "RETRIED", attempt=attempt, tokens=0)
+
+
+async def record_resumed(store: LifecycleStore, request_id: str, attempt: int, tokens: int, replica: str) -> None:
+    """The caller re-issued a request after `tokens` tokens: `replica` continues it (keeper.py)."""
+    await store.event(request_id, "RESUMED", attempt=attempt, tokens=tokens, replica=replica)
+    await store.update(request_id, state="GENERATING", replica=replica)
+
+
+async def record_continued(store: LifecycleStore, request_id: str, **fields: Any) -> None:
+    """A continuation ended: what it cost (keeper.py)."""
+    await store.event(request_id, "CONTINUED", **fields)
+
+
+async def record_query(store: LifecycleStore, request_id: str, session_id: str, question: str, replica: str) -> None:
+    """A session's query: recorded like an Ask, with a SESSION_QUERY event naming the session."""
+    await record_created(store, request_id, question, retriever="none", streamed=True, replica=replica)
+    await store.event(request_id, "SESSION_QUERY", session=session_id)
+
+
+async def record_query_started(store: LifecycleStore, request_id: str, started: sessions_pb2.QueryStarted) -> None:
+    await store.event(request_id, "STARTED", data_version=started.data_version, flash_hit=started.flash_hit)
+
+
+async def record_session(store: LifecycleStore, session_id: str, kind: str, **fields: Any) -> None:
+    """An event of the session's own stream, `session:<id>` (CREATED, INGESTED, REBUILT, CLOSED)."""
+    await store.event(f"session:{session_id}", kind, **fields)
 
 
 async def record_lifecycle(store: LifecycleStore, request_id: str, lifecycle: common_pb2.LifecycleEvent) -> None:

@@ -10,11 +10,12 @@ from typing import TypeVar
 import grpc
 
 from orchestrator.ask import AskFailed, AskPipeline, BadAsk, validate_ask
+from orchestrator.chat_formats import ChatFormats
 from orchestrator.lifecycle_store import StoreUnavailable, to_proto
 from orchestrator.metrics import OrchestratorMetrics
 from orchestrator.recording import abort_failed
 from orchestrator.router import NoReplicaAvailable
-from protos import inference_pb2, orchestrator_pb2, orchestrator_pb2_grpc
+from protos import orchestrator_pb2, orchestrator_pb2_grpc
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -36,14 +37,7 @@ class OrchestratorServicer(orchestrator_pb2_grpc.OrchestratorServicer):
         self.retriever_stubs = retriever_stubs
         self.store = store
         self.metrics = metrics or OrchestratorMetrics()
-        self._chat_formats: dict[str, inference_pb2.ChatFormat] = {}
-
-    async def chat_format(self, replica) -> inference_pb2.ChatFormat:
-        """The replica's chat-format pieces (Describe), cached per replica."""
-        if replica.address not in self._chat_formats:
-            info = await replica.stub.Describe(inference_pb2.DescribeRequest(), timeout=10)
-            self._chat_formats[replica.address] = info.model_info.chat_format
-        return self._chat_formats[replica.address]
+        self.chat_format = ChatFormats()      # each replica's, asked once (Describe)
 
     async def Ask(self, request, context) -> AsyncIterator[orchestrator_pb2.AskResponse]:
         try:

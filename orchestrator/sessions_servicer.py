@@ -40,7 +40,15 @@ import grpc
 
 from orchestrator.failures import peer_wait_s, replica_lost, session_needs_rebuild
 from orchestrator.lifecycle_store import LifecycleStore, StoreUnavailable
-from orchestrator.recording import abort_failed, record_cancelled, record_finished, record_moved
+from orchestrator.recording import (
+    abort_failed,
+    record_cancelled,
+    record_finished,
+    record_moved,
+    record_query,
+    record_query_started,
+    record_session,
+)
 from orchestrator.router import NoReplicaAvailable, ReplicaRouter
 from orchestrator.session_directory import SessionDirectory, SessionRecord
 from protos import common_pb2, sessions_pb2, sessions_pb2_grpc
@@ -91,7 +99,7 @@ class SessionsProxy(sessions_pb2_grpc.SessionsServicer):
         except grpc.RpcError as exc:
             await self._directory(context, self.directory.delete(session_id))
             await context.abort(exc.code(), exc.details() or str(exc))
-        await self.store.event(f"session:{session_id}", "CREATED", replica=replica.address)
+        await record_session(self.store, session_id, "CREATED", replica=replica.address)
         response.session.replica = replica.address
         return response
 
@@ -109,8 +117,8 @@ class SessionsProxy(sessions_pb2_grpc.SessionsServicer):
             batches, segments = batches + 1, segments + len(batch.segments)
         if response is None:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "an Ingest call needs at least one message")
-        await self.store.event(f"session:{session_id}", "INGESTED", batches=batches, segments=segments,
-                               data_version=response.data_version)
+        await record_session(self.store, session_id, "INGESTED", batches=batches, segments=segments,
+                             data_version=response.data_version)
         response.batches, response.segments = batches, segments
         return response
 
@@ -162,7 +170,7 @@ class SessionsProxy(sessions_pb2_grpc.SessionsServicer):
             response = sessions_pb2.CloseSessionResponse(session=sessions_pb2.SessionInfo(
                 session_id=request.session_id))
         await self._directory(context, self.directory.delete(request.session_id))
-        await self.store.event(f"session:{request.session_id}", "CLOSED", replica=record.replica)
+        await record_session(self.store, request.session_id, "CLOSED", replica=record.replica)
         response.session.replica, response.session.state = record.replica, "closed"
         return response
 
@@ -175,9 +183,7 @@ class SessionsProxy(sessions_pb2_grpc.SessionsServicer):
         forward.CopyFrom(request)
         forward.request_id = request_id
         record = await self._record(context, request.session_id)
-        await self.store.create(request_id, request.question, retriever="none", streamed=True,
-                                replica=record.replica)
-        await self.store.event(request_id, "SESSION_QUERY", session=request.session_id)
+        await record_query(self.store, request_id, request.session_id, request.question, record.replica)
         outcome, sent = "cancelled", False
         try:
             for attempt in (0, 1):
@@ -186,8 +192,7 @@ class SessionsProxy(sessions_pb2_grpc.SessionsServicer):
                         sent = True
                         kind = response.WhichOneof("kind")
                         if kind == "started":
-                            await self.store.event(request_id, "STARTED", data_version=response.started.data_version,
-                                                   flash_hit=response.started.flash_hit)
+                            await record_query_started(self.store, request_id, response.started)
                         elif kind == "done":
                             outcome = "answered"
                             await self._record_done(request_id, response.done)
@@ -315,8 +320,8 @@ class SessionsProxy(sessions_pb2_grpc.SessionsServicer):
                                   f"({cause.details()}); rebuilding it on {replica.address} failed: "
                                   f"{exc.details()}") from exc
             await self.directory.set_replica(record.session_id, replica.address)
-            await self.store.event(f"session:{record.session_id}", "REBUILT", lost=record.replica,
-                                   replica=replica.address, batches=len(batches), cause=cause.details())
+            await record_session(self.store, record.session_id, "REBUILT", lost=record.replica,
+                                 replica=replica.address, batches=len(batches), cause=cause.details())
             log.warning("session %s rebuilt on %s (%d batches) after %s: %s", record.session_id, replica.address,
                         len(batches), record.replica, cause.details())
             self._orphans.setdefault(record.session_id, set()).add(record.replica)

@@ -14,3 +14,9 @@ DECODE_TARGET_KEY = "streamrag-decode-target"
 # text travels). Sent by the gateway with a plain chat or completion, read by the orchestrator's
 # Inference proxy; without it the prompt's text is recorded.
 QUESTION_KEY = "streamrag-question-bin"
+
+# A plain call re-issued after its orchestrator died: "<attempt>:<tokens>", the re-issue (1 for the first)
+# and how many tokens the caller already has. The request is their continuation: the prompt, then those
+# token ids as its last segment, `max_tokens` less them (servicekit/continuation.py). Sent by the gateway
+# (gateway/plain_resume.py), read by the orchestrator's Inference proxy, which records it RESUMED.
+RESUME_KEY = "streamrag-resume"

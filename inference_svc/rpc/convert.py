@@ -17,7 +17,7 @@ from inference_svc.engine.request import FinishReason, Segment
 from inference_svc.engine.sampler import SamplingParams
 from inference_svc.rpc.summary import RequestSummary
 from protos import common_pb2, inference_pb2
-from servicekit.continuation import DEFAULT_MAX_TOKENS   # what max_tokens 0 means, on every backend
+from servicekit.continuation import DEFAULT_MAX_TOKENS  # what max_tokens 0 means, on every backend
 
 MAX_SEGMENTS_PER_MESSAGE = 4096
 MAX_SEGMENT_CHARS = 1 << 20          # a 1 MiB document is already far past any context

@@ -1,0 +1,96 @@
+"""How the lifecycle store's queued writes reach Redis: one `Write` per `create`, `event` or `update`
+(its fields encoded as strings, `encode_field`), and one pipeline per batch of them (`store_batch`).
+The queue, its bound and the retries around it: lifecycle_store.py."""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+import redis.asyncio as redis
+from redis.exceptions import ResponseError
+
+from orchestrator.lifecycle_records import (
+    RECENT_KEY,
+    RETRIEVER_PREFIX,
+    as_text,
+    events_key,
+    request_key,
+    state_name,
+    stats_dict,
+)
+from protos import orchestrator_pb2
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class Write:
+    """One queued write: hash fields to set, maybe a stream entry, maybe an index entry."""
+
+    request_id: str
+    hash_fields: dict[str, str]
+    entry: dict[str, str] | None = None
+    stream_id: str = ""
+    created_unix_ms: int | None = None
+    attempted: bool = False  # sent in a pipeline whose connection broke: it may be stored already
+
+
+def encode_field(name: str, value: Any) -> str:
+    """A record field as stored: a state's short name, a retriever choice's name, stats as JSON, else text."""
+    if name == "state":
+        return state_name(value)
+    if name == "retriever" and isinstance(value, int):
+        return orchestrator_pb2.RetrieverChoice.Name(value).removeprefix(RETRIEVER_PREFIX).lower()
+    if name == "stats":
+        return json.dumps(stats_dict(value))
+    return as_text(value)
+
+
+async def store_batch(client: redis.Redis, batch: list[Write], ttl_s: int, recent_max: int) -> int:
+    """Store `batch` in one pipeline, each touched key's expiry renewed; returns how many writes Redis
+    refused. A stream entry whose id Redis already has is not stored again when it was `attempted` (the
+    broken attempt stored it); else (the clock stepped back) it is appended under a new id."""
+    pipe = client.pipeline(transaction=False)
+    xadds: list[tuple[int, Write]] = []
+    touched: dict[str, None] = {}
+    indexed = False
+    for write in batch:
+        touched[write.request_id] = None
+        if write.hash_fields:
+            pipe.hset(request_key(write.request_id), mapping=write.hash_fields)
+        if write.entry is not None:
+            xadds.append((len(pipe), write))
+            pipe.xadd(events_key(write.request_id), write.entry, id=write.stream_id)
+        if write.created_unix_ms is not None:
+            pipe.zadd(RECENT_KEY, {write.request_id: write.created_unix_ms})
+            indexed = True
+    for request_id in touched:
+        pipe.expire(request_key(request_id), ttl_s)
+        pipe.expire(events_key(request_id), ttl_s)
+    if indexed:
+        pipe.zremrangebyrank(RECENT_KEY, 0, -recent_max - 1)
+        pipe.expire(RECENT_KEY, ttl_s)
+    results = await pipe.execute(raise_on_error=False)
+
+    redo, refused = [], 0
+    xadd_at = dict(xadds)
+    for position, result in enumerate(results):
+        if not isinstance(result, ResponseError):
+            continue
+        write = xadd_at.get(position)
+        if write is not None and "equal or smaller" in str(result):
+            if not write.attempted:  # the stream is ahead of our id (clock stepped back): append anyway
+                redo.append(write)
+            continue  # an attempted write: stored by the broken attempt
+        refused += 1
+        log.warning("lifecycle store: Redis refused a write: %s", result)
+    if redo:
+        pipe = client.pipeline(transaction=False)
+        for write in redo:
+            write.stream_id = "*"
+            pipe.xadd(events_key(write.request_id), write.entry, id="*")
+        await pipe.execute(raise_on_error=False)
+    return refused
