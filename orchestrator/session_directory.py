@@ -10,23 +10,31 @@ Per session, keys that expire `ttl_s` after their last write:
 Plus `streamrag:sessions`, the set of open session ids. Session events go to the lifecycle
 store's event stream of the id `session:<id>` (see lifecycle_store.py).
 
-Unlike the lifecycle store's buffered writes, these calls go to Redis at once and raise
-`StoreUnavailable` when it is down: routing a session needs an answer.
+Unlike the lifecycle store's buffered writes, these calls go to Redis at once: routing a session
+needs an answer. While Redis is unreachable each call is tried again for up to `wait_s`
+(failures.WAIT_FOR_PEER_S: a Redis that restarts is back within it), then raises `StoreUnavailable`.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
+import logging
+import time
 from dataclasses import dataclass
 
 import redis.asyncio as redis
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
+from orchestrator.failures import WAIT_FOR_PEER_S
 from orchestrator.lifecycle_store import REDIS_UNREACHABLE, StoreUnavailable, now_ms
+
+log = logging.getLogger(__name__)
 
 SESSIONS_KEY = "streamrag:sessions"
 DEFAULT_MAX_BATCHES = 10_000
+RETRY_S = 0.25                 # between tries while Redis is unreachable
 
 
 def session_key(session_id: str) -> str:
@@ -44,8 +52,10 @@ class SessionRecord:
 
 class SessionDirectory:
     def __init__(self, url: str, *, ttl_s: int = 86_400, max_batches: int = DEFAULT_MAX_BATCHES,
-                 timeout_s: float = 2.0) -> None:
+                 timeout_s: float = 2.0, wait_s: float = WAIT_FOR_PEER_S) -> None:
         self.url = url
+        self.wait_s = wait_s
+        self.unreachable = 0             # tries that found Redis unreachable
         self.ttl_s = ttl_s
         self.max_batches = max_batches
         self._redis = redis.Redis.from_url(url, decode_responses=True, socket_connect_timeout=timeout_s,
@@ -55,18 +65,26 @@ class SessionDirectory:
         await self._redis.aclose()
 
     async def _do(self, fn):
-        try:
-            return await fn(self._redis)
-        except REDIS_UNREACHABLE as exc:
-            raise StoreUnavailable(f"the session directory (Redis at {self.url}) is unreachable: {exc}") from exc
+        """`fn(redis)`, tried again while Redis is unreachable, for up to `wait_s` (a restart)."""
+        deadline = time.monotonic() + self.wait_s
+        while True:
+            try:
+                return await fn(self._redis)
+            except REDIS_UNREACHABLE as exc:
+                self.unreachable += 1
+                if time.monotonic() >= deadline:
+                    raise StoreUnavailable(f"the session directory (Redis at {self.url}) is unreachable: "
+                                           f"{exc}") from exc
+                log.info("session directory: Redis at %s unreachable (%s); trying again", self.url, exc)
+            await asyncio.sleep(RETRY_S)
 
     async def create(self, session_id: str, replica: str, instructions: str, retention_tokens: int) -> bool:
         """Record a new session; False if the id is taken."""
         key = session_key(session_id)
         now = str(now_ms())
 
-        async def write(r: redis.Redis) -> bool:
-            if not await r.sadd(SESSIONS_KEY, session_id):
+        async def write(r: redis.Redis) -> bool:   # a try cut after its SADD leaves no hash: tried again, it goes on
+            if not await r.sadd(SESSIONS_KEY, session_id) and await r.exists(key):
                 return False
             async with r.pipeline(transaction=True) as pipe:
                 pipe.delete(key, f"{key}:batches", f"{key}:flash")

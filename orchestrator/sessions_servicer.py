@@ -7,30 +7,23 @@ can be rebuilt.
 
 Replica failure (the choice, see docs/sessions.md; the statuses and why, failures.py): when the
 replica holding a session is unreachable, or answers NOT_FOUND for a session the directory still
-holds (it restarted), the session is rebuilt on another replica from the directory — created
-again with the same id, instructions and retention, each kept batch ingested again as its own
-batch (so data versions stay the same), its Flash Queries registered again — and the call is
-retried once. A query already streaming its answer when the replica dies ends UNAVAILABLE (no
-token is sent twice); Subscribe resubscribes on the new replica and carries on. With no replica
-left, the call ends UNAVAILABLE and says which replica was lost.
+holds (it restarted), the session is rebuilt on another replica from the directory and the call
+is retried once. A query already streaming its answer is asked again of the same data on the
+rebuilt session, no token sent twice (session_query.py); Subscribe resubscribes on the new replica
+and carries on. With no replica left, the call ends UNAVAILABLE and says which replica was lost.
 
-The copy a rebuild leaves behind is closed: a replica that stopped answering (SIGSTOP, a stalled
-host) may come back holding the session and its KV blocks, which nothing would free. After each
-rebuild a background task calls CloseSession on the old replica, waiting for it to be reachable
-(`wait_for_ready`) for up to `ORPHAN_CLOSE_WITHIN_S`; a replica that restarted instead answers
-NOT_FOUND (nothing to free). Should a later rebuild choose that replica again first, it closes
-the old copy there itself before creating the session (else CreateSession would find it).
+The rebuild, and the closing of the copy it leaves behind: session_rebuild.py.
 
 Queries are also recorded in the lifecycle store like Asks, through `recording.py` and with the same
 event names (`streamrag requests` shows them): a query moved by a rebuild gets an ERROR event naming
-both replicas; it ends with DONE and FINISHED, ERROR and FAILED, or CANCELLED. Session events
+both replicas; it ends with DONE and FINISHED, ERROR and FAILED, or CANCELLED. Every write to the
+store goes through recording.py. Session events
 (CREATED, INGESTED, REBUILT, CLOSED) go to its event stream of `session:<id>`.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -38,32 +31,33 @@ from typing import Any
 
 import grpc
 
-from orchestrator.failures import peer_wait_s, replica_lost, session_needs_rebuild
+from orchestrator.failures import peer_wait_s, session_needs_rebuild
+from orchestrator.keeper import AnswerFailed
 from orchestrator.lifecycle_store import LifecycleStore, StoreUnavailable
 from orchestrator.recording import (
     abort_failed,
     record_cancelled,
-    record_finished,
-    record_moved,
     record_query,
-    record_query_started,
     record_session,
 )
 from orchestrator.router import NoReplicaAvailable, ReplicaRouter
 from orchestrator.session_directory import SessionDirectory, SessionRecord
-from protos import common_pb2, sessions_pb2, sessions_pb2_grpc
+from orchestrator.session_query import QueryKeeper
+from orchestrator.session_rebuild import RPC_TIMEOUT_S, ReplicaLost, SessionRebuilder
+from protos import sessions_pb2, sessions_pb2_grpc
+from protos.metadata import INGEST_AFTER_KEY
 
 log = logging.getLogger(__name__)
 
-RPC_TIMEOUT_S = 120.0
-# How long the orchestrator keeps trying to close the copy of a session left on a replica it
-# rebuilt the session away from (each try waits for the replica to be reachable).
-ORPHAN_CLOSE_WITHIN_S = 600.0
-ORPHAN_CLOSE_TRY_S = 30.0
-
-
-class ReplicaLost(Exception):
-    """The session's replica is gone and no other could take the session."""
+def ingest_after(context: grpc.aio.ServicerContext) -> int | None:
+    """A re-issued Ingest's `INGEST_AFTER_KEY` (the data version its caller had); None for a first call."""
+    for key, value in context.invocation_metadata() or ():
+        if key == INGEST_AFTER_KEY:
+            try:
+                return int(value)
+            except ValueError:
+                return None
+    return None
 
 
 class SessionsProxy(sessions_pb2_grpc.SessionsServicer):
@@ -72,9 +66,7 @@ class SessionsProxy(sessions_pb2_grpc.SessionsServicer):
         self.directory = directory
         self.store = store
         self._stubs: dict[str, sessions_pb2_grpc.SessionsStub] = {}
-        self._rebuilding: dict[str, asyncio.Lock] = {}
-        self._orphans: dict[str, set[str]] = {}       # session -> replicas holding an old copy of it
-        self._cleanups: set[asyncio.Task] = set()
+        self.rebuilder = SessionRebuilder(router, directory, store, self.stub)   # session_rebuild.py
 
     def stub(self, address: str) -> sessions_pb2_grpc.SessionsStub:
         if address not in self._stubs:
@@ -104,23 +96,43 @@ class SessionsProxy(sessions_pb2_grpc.SessionsServicer):
         return response
 
     async def Ingest(self, request_iterator, context) -> sessions_pb2.IngestResponse:
-        """Each batch is forwarded on its own, then kept in the directory for a rebuild."""
+        """Each batch is forwarded on its own, then kept in the directory for a rebuild. A re-issue
+        (`INGEST_AFTER_KEY`: the version the caller had) skips the batches that landed before the break."""
         session_id, batches, segments = "", 0, 0
-        response = None
+        response, after, landed = None, ingest_after(context), None
         async for message in request_iterator:
             session_id = session_id or message.session_id
             if not session_id:
                 await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "the first Ingest message must name the session")
             batch = sessions_pb2.IngestRequest(session_id=session_id, segments=message.segments)
+            batches, segments = batches + 1, segments + len(batch.segments)
+            if after is not None:
+                landed = landed or await self._landed(context, session_id)
+                after += 1
+                if after <= landed[1]:            # this batch reached the replica before the break
+                    if after > landed[0]:         # ... but not the directory
+                        await self._keep(context, batch, after)
+                    response = sessions_pb2.IngestResponse(session_id=session_id, data_version=after)
+                    continue
             response = await self._unary(context, session_id, lambda stub, b=batch: stub.Ingest(
                 iter([b]), timeout=RPC_TIMEOUT_S), keep=batch)
-            batches, segments = batches + 1, segments + len(batch.segments)
         if response is None:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "an Ingest call needs at least one message")
         await record_session(self.store, session_id, "INGESTED", batches=batches, segments=segments,
                              data_version=response.data_version)
         response.batches, response.segments = batches, segments
         return response
+
+    async def _landed(self, context, session_id: str) -> tuple[int, int]:
+        """A session's data version as the directory keeps it, and as its replica holds it (the
+        directory's when the replica cannot say)."""
+        record = await self._record(context, session_id)
+        try:
+            held = (await self.stub(record.replica).DescribeSession(sessions_pb2.DescribeSessionRequest(
+                session_id=session_id), timeout=RPC_TIMEOUT_S)).session.data_version
+        except (grpc.RpcError, KeyError):
+            held = record.data_version
+        return record.data_version, max(record.data_version, held)
 
     async def RegisterFlashQuery(self, request, context) -> sessions_pb2.RegisterFlashQueryResponse:
         response = await self._unary(context, request.session_id,
@@ -176,42 +188,23 @@ class SessionsProxy(sessions_pb2_grpc.SessionsServicer):
 
     # --- streaming calls ----------------------------------------------------------------
     async def Query(self, request, context) -> AsyncIterator[sessions_pb2.QueryResponse]:
-        """Forwarded to the session's replica and recorded like an Ask (recording.py); a replica lost
-        before the first answer message moves the query once, after rebuilding the session."""
-        request_id = request.request_id or f"query-{uuid.uuid4().hex[:12]}"
+        """Forwarded to the session's replica and kept going when it is lost (session_query.py)."""
         forward = sessions_pb2.QueryRequest()
         forward.CopyFrom(request)
-        forward.request_id = request_id
+        forward.request_id = request_id = request.request_id or f"query-{uuid.uuid4().hex[:12]}"
         record = await self._record(context, request.session_id)
         await record_query(self.store, request_id, request.session_id, request.question, record.replica)
-        outcome, sent = "cancelled", False
+        keeper = QueryKeeper(forward, record, self.store, self.rebuilder)
+        outcome = "cancelled"
         try:
-            for attempt in (0, 1):
-                try:
-                    async for response in self.stub(record.replica).Query(forward, timeout=RPC_TIMEOUT_S):
-                        sent = True
-                        kind = response.WhichOneof("kind")
-                        if kind == "started":
-                            await record_query_started(self.store, request_id, response.started)
-                        elif kind == "done":
-                            outcome = "answered"
-                            await self._record_done(request_id, response.done)
-                        yield response
-                    return
-                except grpc.RpcError as exc:
-                    if attempt or sent or not self._needs_rebuild(exc, record):
-                        outcome = "failed"
-                        await abort_failed(self.store, context, request_id, exc.code(), exc.details() or str(exc))
-                    lost = record.replica
-                    try:
-                        record = await self.rebuild(record, exc)
-                    except (ReplicaLost, StoreUnavailable) as gone:
-                        outcome = "failed"
-                        await abort_failed(self.store, context, request_id, grpc.StatusCode.UNAVAILABLE, str(gone))
-                    await record_moved(self.store, request_id, lost, record.replica, exc.details() or str(exc),
-                                       "session rebuilt, retrying")
+            async for response in keeper.responses():
+                yield response
+            outcome = "answered" if keeper.answered else outcome
+        except AnswerFailed as failure:
+            outcome = "failed"
+            await abort_failed(self.store, context, request_id, failure.code, failure.message)
         finally:
-            if outcome == "cancelled":
+            if outcome == "cancelled" and not keeper.answered:
                 await record_cancelled(self.store, request_id)
 
     async def Subscribe(self, request, context) -> AsyncIterator[sessions_pb2.SubscribeResponse]:
@@ -264,125 +257,15 @@ class SessionsProxy(sessions_pb2_grpc.SessionsServicer):
 
     async def _rebuild_or_abort(self, context, record: SessionRecord, cause: grpc.RpcError) -> SessionRecord:
         try:
-            return await self.rebuild(record, cause)
+            return await self.rebuilder.rebuild(record, cause)
         except ReplicaLost as exc:
             await context.abort(grpc.StatusCode.UNAVAILABLE, str(exc))
         except StoreUnavailable as exc:
             await context.abort(grpc.StatusCode.UNAVAILABLE, str(exc))
 
-    async def rebuild(self, record: SessionRecord, cause: grpc.RpcError) -> SessionRecord:
-        """Recreate the session on a live replica from the directory (one rebuild at a time per session)."""
-        lock = self._rebuilding.setdefault(record.session_id, asyncio.Lock())
-        async with lock:
-            current = await self.directory.get(record.session_id)
-            if current is None:
-                raise ReplicaLost(f"session {record.session_id!r} was closed")
-            if current.replica != record.replica:      # another call rebuilt it meanwhile
-                return current
-            if replica_lost(cause.code()):
-                self.router.mark_failed(record.replica, f"session call failed: {cause.details()}")
-            try:   # another replica first; with none, the first that is (back) within the wait (failures.py)
-                replica = self.router.choose(f"session:{record.session_id}",
-                                             exclude={record.replica} if replica_lost(cause.code()) else set())
-            except NoReplicaAvailable:
-                replica = None
-            try:
-                replica = replica or await self.router.choose_ready(f"session:{record.session_id}",
-                                                                    wait_s=peer_wait_s(None))
-            except NoReplicaAvailable as exc:
-                raise ReplicaLost(f"session {record.session_id!r}: its replica {record.replica} is lost "
-                                  f"({cause.details()}) and no replica can take it over: {exc}") from exc
-            stub = self.stub(replica.address)
-            if replica.address in self._orphans.get(record.session_id, ()):   # back, with an old copy
-                await self._close_orphan_now(record.session_id, replica.address)
-            batches = await self.directory.batches(record.session_id)
-            try:
-                await stub.CreateSession(sessions_pb2.CreateSessionRequest(
-                    session_id=record.session_id, instructions=record.instructions,
-                    retention_tokens=record.retention_tokens), timeout=RPC_TIMEOUT_S)
-                version = 0
-                if batches:
-                    version = (await stub.Ingest(iter([
-                        sessions_pb2.IngestRequest(session_id=record.session_id,
-                                                   segments=[common_pb2.Segment(text=t) for t in batch])
-                        for batch in batches]), timeout=RPC_TIMEOUT_S)).data_version
-                for question, max_tokens in (await self.directory.flash(record.session_id)).items():
-                    await stub.RegisterFlashQuery(sessions_pb2.RegisterFlashQueryRequest(
-                        session_id=record.session_id, question=question, max_tokens=max_tokens),
-                        timeout=RPC_TIMEOUT_S)
-            except grpc.RpcError as exc:
-                if replica_lost(exc.code()):
-                    self.router.mark_failed(replica.address, f"session rebuild failed: {exc.details()}")
-                with contextlib.suppress(grpc.RpcError):   # leave nothing half-built behind
-                    await stub.CloseSession(sessions_pb2.CloseSessionRequest(session_id=record.session_id),
-                                            timeout=10)
-                raise ReplicaLost(f"session {record.session_id!r}: its replica {record.replica} is lost "
-                                  f"({cause.details()}); rebuilding it on {replica.address} failed: "
-                                  f"{exc.details()}") from exc
-            await self.directory.set_replica(record.session_id, replica.address)
-            await record_session(self.store, record.session_id, "REBUILT", lost=record.replica,
-                                 replica=replica.address, batches=len(batches), cause=cause.details())
-            log.warning("session %s rebuilt on %s (%d batches) after %s: %s", record.session_id, replica.address,
-                        len(batches), record.replica, cause.details())
-            self._orphans.setdefault(record.session_id, set()).add(record.replica)
-            task = asyncio.get_running_loop().create_task(self._close_orphan(record.session_id, record.replica))
-            self._cleanups.add(task)
-            task.add_done_callback(self._cleanups.discard)
-            return SessionRecord(record.session_id, replica.address, record.instructions, record.retention_tokens,
-                                 version)
-
-    async def _close_orphan(self, session_id: str, address: str) -> None:
-        """In the background, after a rebuild: close the copy of the session left on `address` once
-        that replica answers again (waiting up to ORPHAN_CLOSE_WITHIN_S), so its KV blocks are freed."""
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + ORPHAN_CLOSE_WITHIN_S
-        while address in self._orphans.get(session_id, ()):
-            left = deadline - loop.time()
-            if left <= 0:
-                log.warning("session %s: could not close its old copy on %s within %g s", session_id, address,
-                            ORPHAN_CLOSE_WITHIN_S)
-                self._forget_orphan(session_id, address)
-                return
-            try:   # waits for the replica first; a frozen one holds the call until the try's deadline
-                await self.stub(address).DescribeSession(sessions_pb2.DescribeSessionRequest(session_id=session_id),
-                                                         timeout=min(ORPHAN_CLOSE_TRY_S, left), wait_for_ready=True)
-            except KeyError:          # the replica left the router: nothing to reach
-                self._forget_orphan(session_id, address)
-                return
-            except grpc.RpcError as exc:
-                if exc.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
-                    await asyncio.sleep(min(1.0, max(0.0, deadline - loop.time())))
-                    continue
-                # NOT_FOUND: it restarted without the session; anything else: the replica is back
-            async with self._rebuilding.setdefault(session_id, asyncio.Lock()):   # not while a rebuild runs
-                if address not in self._orphans.get(session_id, ()):    # a rebuild onto it closed it
-                    return
-                await self._close_orphan_now(session_id, address)
-
-    async def _close_orphan_now(self, session_id: str, address: str) -> None:
-        """Close the old copy of the session on `address` (which answers) unless the session lives there."""
-        current = await self.directory.get(session_id)
-        if current is None or current.replica != address:
-            try:
-                await self.stub(address).CloseSession(sessions_pb2.CloseSessionRequest(session_id=session_id),
-                                                      timeout=ORPHAN_CLOSE_TRY_S)
-                log.info("session %s: closed its old copy on %s", session_id, address)
-            except (grpc.RpcError, KeyError) as exc:      # NOT_FOUND: already gone
-                log.info("session %s: closing its old copy on %s: %s", session_id, address, exc)
-        self._forget_orphan(session_id, address)
-
-    def _forget_orphan(self, session_id: str, address: str) -> None:
-        held = self._orphans.get(session_id)
-        if held is not None:
-            held.discard(address)
-            if not held:
-                del self._orphans[session_id]
-
     async def aclose(self) -> None:
         """Stop the background closes (the orchestrator is stopping)."""
-        for task in list(self._cleanups):
-            task.cancel()
-        await asyncio.gather(*self._cleanups, return_exceptions=True)
+        await self.rebuilder.aclose()
 
     async def _record(self, context, session_id: str) -> SessionRecord:
         if not session_id:
@@ -398,8 +281,3 @@ class SessionsProxy(sessions_pb2_grpc.SessionsServicer):
             return await awaitable
         except StoreUnavailable as exc:
             await context.abort(grpc.StatusCode.UNAVAILABLE, str(exc))
-
-    async def _record_done(self, request_id: str, done: sessions_pb2.QueryDone) -> None:
-        await record_finished(self.store, request_id, done, ttft_from_question_s=done.ttft_ms / 1e3,
-                              total_s=done.total_ms / 1e3,
-                              noted={"flash_hit": done.flash_hit, "data_version": done.data_version})

@@ -20,3 +20,8 @@ QUESTION_KEY = "streamrag-question-bin"
 # token ids as its last segment, `max_tokens` less them (servicekit/continuation.py). Sent by the gateway
 # (gateway/plain_resume.py), read by the orchestrator's Inference proxy, which records it RESUMED.
 RESUME_KEY = "streamrag-resume"
+
+# A re-issued session `Ingest` (the orchestrator died under the first): the data version the caller
+# had before the call, as decimal text. The orchestrator skips the batches already past it (they
+# landed before the break) and ingests the rest (servicekit/session_reissue.py).
+INGEST_AFTER_KEY = "streamrag-ingest-after"

@@ -22,6 +22,7 @@ from collections.abc import Iterator
 import grpc
 
 from protos import common_pb2, retriever_pb2, retriever_pb2_grpc, sessions_pb2, sessions_pb2_grpc
+from servicekit.session_reissue import ResumableQuery
 from streamrag.stack.addresses import (
     DEFAULT_ORCHESTRATOR,
     orchestrator_address,
@@ -131,9 +132,11 @@ def _ingest(stub, args) -> int:
 def _ask(stub, args) -> int:
     started_at = time.monotonic()
     started = done = None
-    for response in stub.Query(sessions_pb2.QueryRequest(
-            session_id=args.session_id, question=args.question, min_data_version=args.min_version,
-            sampling=common_pb2.SamplingParams(max_tokens=args.max_tokens)), timeout=args.timeout):
+    request = sessions_pb2.QueryRequest(session_id=args.session_id, question=args.question,
+                                        min_data_version=args.min_version,
+                                        sampling=common_pb2.SamplingParams(max_tokens=args.max_tokens))
+    # An orchestrator dying mid-answer: the query is re-issued to another, nothing printed twice.
+    for response in ResumableQuery(lambda r: stub.Query(r, timeout=args.timeout), request):
         kind = response.WhichOneof("kind")
         if kind == "started":
             started = response.started

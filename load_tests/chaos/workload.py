@@ -334,29 +334,48 @@ class IngestingSession:
         return result
 
     def _run(self) -> None:
-        from protos import common_pb2, sessions_pb2, sessions_pb2_grpc
+        import grpc
 
+        from protos import common_pb2, sessions_pb2, sessions_pb2_grpc
+        from protos.metadata import INGEST_AFTER_KEY
+        from servicekit.session_reissue import ResumableQuery, reissued
+
+        def create(attempt: int):
+            """A re-issue that finds the session made is the first try's: it was created."""
+            try:
+                return stub.CreateSession(sessions_pb2.CreateSessionRequest(
+                    session_id=self.session_id, instructions="Answer from the log lines below.",
+                    retention_tokens=1024), timeout=self.deadline_s, wait_for_ready=True)
+            except grpc.RpcError as exc:
+                if not attempt or exc.code() is not grpc.StatusCode.ALREADY_EXISTS:
+                    raise
+                return stub.DescribeSession(sessions_pb2.DescribeSessionRequest(session_id=self.session_id),
+                                            timeout=self.deadline_s, wait_for_ready=True)
+
+        # Every call outlives the orchestrator serving it: re-issued to another (servicekit/session_reissue.py).
         with orchestrator_channel(self.address, self.key, self.tls) as channel:
             stub = sessions_pb2_grpc.SessionsStub(channel)
-            batch, created = 0, False
+            batch, created, version = 0, False, 0
             while not self.quit.is_set():
                 if not created:
                     self.session_id = f"chaos-{time.time_ns()}"
-                    created = self._call("create", lambda: stub.CreateSession(sessions_pb2.CreateSessionRequest(
-                        session_id=self.session_id, instructions="Answer from the log lines below.",
-                        retention_tokens=1024), timeout=self.deadline_s, wait_for_ready=True)) is not None
+                    created = self._call("create", lambda: reissued(create, what="create")) is not None
+                    version = 0
                 else:
                     batch += 1
                     lines = [common_pb2.Segment(text=f"line {batch}.{j}: service check {batch * 4 + j} ok")
                              for j in range(4)]
                     request = sessions_pb2.IngestRequest(session_id=self.session_id, segments=lines)
-                    self._call("ingest", lambda r=request: stub.Ingest(iter([r]), timeout=self.deadline_s,
-                                                                         wait_for_ready=True))
+                    ingested = self._call("ingest", lambda r=request, after=version: reissued(
+                        lambda attempt: stub.Ingest(iter([r]), timeout=self.deadline_s, wait_for_ready=True,
+                                                    metadata=((INGEST_AFTER_KEY, str(after)),) if attempt else ()),
+                        what="ingest"))
+                    version = ingested.data_version if ingested is not None else version
                     if batch % 5 == 0:
                         query = sessions_pb2.QueryRequest(session_id=self.session_id, question="Which check was last?",
                                                           sampling=common_pb2.SamplingParams(max_tokens=4))
-                        self._call("query", lambda q=query: list(stub.Query(q, timeout=self.deadline_s,
-                                                                                     wait_for_ready=True)))
+                        self._call("query", lambda q=query: list(ResumableQuery(
+                            lambda r: stub.Query(r, timeout=self.deadline_s, wait_for_ready=True), q)))
                     if self.calls[-1].code == "NOT_FOUND":
                         created = False
                 self.quit.wait(self.every_s)

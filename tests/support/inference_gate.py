@@ -1,5 +1,6 @@
-"""A gate in front of an inference replica: a real `Inference` gRPC server on loopback that
-forwards every call to the replica, and can hold one answer after a given number of tokens.
+"""A gate in front of an inference replica: a real `Inference` (and `Sessions`) gRPC server on
+loopback that forwards every call to the replica, and can hold one answer (a `Generate`, a
+`StreamPrompt` or a session `Query`) after a given number of tokens.
 
 It stands where a replica's network front is, so a test can stop an answer at an exact point
 (`arm(tokens)`: the next call that gets that far waits before its next token) without timing,
@@ -15,12 +16,13 @@ import threading
 
 import grpc
 
-from protos import inference_pb2, inference_pb2_grpc
+from protos import inference_pb2, inference_pb2_grpc, sessions_pb2, sessions_pb2_grpc
 from servicekit.config import ServiceConfig
 from servicekit.server import ServiceRunner
 from tests.support.serving import LoopThread, wait_serving
 
 INFERENCE = inference_pb2.DESCRIPTOR.services_by_name["Inference"].full_name
+SESSIONS = sessions_pb2.DESCRIPTOR.services_by_name["Sessions"].full_name
 
 
 class _Forward(inference_pb2_grpc.InferenceServicer):
@@ -54,6 +56,56 @@ class _Forward(inference_pb2_grpc.InferenceServicer):
             pumping.cancel()
 
 
+class _ForwardSessions(sessions_pb2_grpc.SessionsServicer):
+    """Every Sessions call forwarded as it is; a Query through the gate's hold."""
+
+    def __init__(self, gate: InferenceGate) -> None:
+        self.gate = gate
+
+    async def _unary(self, name: str, request, context):
+        try:
+            return await getattr(self.gate.sessions, name)(request, timeout=120)
+        except grpc.RpcError as exc:
+            await context.abort(exc.code(), exc.details() or "")
+
+    async def CreateSession(self, request, context):
+        return await self._unary("CreateSession", request, context)
+
+    async def Ingest(self, request_iterator, context):
+        return await self._unary("Ingest", iter([message async for message in request_iterator]), context)
+
+    async def RegisterFlashQuery(self, request, context):
+        return await self._unary("RegisterFlashQuery", request, context)
+
+    async def UnregisterFlashQuery(self, request, context):
+        return await self._unary("UnregisterFlashQuery", request, context)
+
+    async def DescribeSession(self, request, context):
+        return await self._unary("DescribeSession", request, context)
+
+    async def ListSessions(self, request, context):
+        return await self._unary("ListSessions", request, context)
+
+    async def CloseSession(self, request, context):
+        return await self._unary("CloseSession", request, context)
+
+    async def Query(self, request, context):
+        async for response in self.gate.relay(self.gate.sessions.Query(request), context):
+            yield response
+
+    async def Subscribe(self, request, context):
+        async for response in self.gate.relay(self.gate.sessions.Subscribe(request), context):
+            yield response
+
+
+def _is_token(response) -> bool:
+    """A token of a session query (`token`) or of an Inference answer (`event.token`)."""
+    if isinstance(response, sessions_pb2.QueryResponse):
+        return response.WhichOneof("kind") == "token"
+    return isinstance(response, inference_pb2.GenerateResponse | inference_pb2.StreamPromptResponse) and \
+        response.event.WhichOneof("kind") == "token"
+
+
 class InferenceGate:
     """`InferenceGate(replica_address)`; `.address` is where orchestrators dial it."""
 
@@ -74,10 +126,12 @@ class InferenceGate:
     async def _start(self) -> int:
         self.channel = grpc.aio.insecure_channel(self.replica)
         self.stub = inference_pb2_grpc.InferenceStub(self.channel)
+        self.sessions = sessions_pb2_grpc.SessionsStub(self.channel)
         self._release = asyncio.Event()
         self.runner = ServiceRunner(ServiceConfig("inference", port=0, metrics_port=None, grace_s=0),
-                                    [(inference_pb2_grpc.add_InferenceServicer_to_server, _Forward(self))],
-                                    [INFERENCE])
+                                    [(inference_pb2_grpc.add_InferenceServicer_to_server, _Forward(self)),
+                                     (sessions_pb2_grpc.add_SessionsServicer_to_server, _ForwardSessions(self))],
+                                    [INFERENCE, SESSIONS])
         return await self.runner.start(handle_signals=False)
 
     def arm(self, tokens: int) -> None:
@@ -93,7 +147,7 @@ class InferenceGate:
         tokens = 0
         try:
             async for response in call:
-                if response.event.WhichOneof("kind") == "token":
+                if _is_token(response):
                     if self.hold_at is not None and tokens == self.hold_at:
                         self.hold_at = None
                         self.held_peer = context.peer()
