@@ -8,8 +8,10 @@ The orchestrator reads the gRPC status a failed call ends with and does one of f
 - `RETRIEVAL`: an Ask's `Retrieve` on one retriever.
 
 Rules every table shares:
-- a retry happens once, and never after the caller has been sent part of an answer (an Ask's
-  first token, a session query's first response): no token is sent twice;
+- before the caller has been sent part of an answer (an Ask's or a plain `Generate`'s first
+  token, a session query's first response) a retry happens once; after it the answer is kept
+  going by a continuation (keeper.py; a session query: session_query.py), up to
+  `keeper.MAX_CONTINUATIONS` replicas failing under one answer, and no token is sent twice;
 - an inference or session call that ends with a status its table does not name fails the
   request with that same status: the replica judged the request itself (malformed, a prompt
   longer than the model's context, a duplicate id, a full queue), and every replica runs the

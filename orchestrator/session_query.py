@@ -2,21 +2,25 @@
 
 The query is forwarded to the replica holding the session and recorded like an Ask (recording.py).
 When that replica is lost (the statuses: failures.py), the session is rebuilt on another replica
-(session_rebuild.py) and the query asked again there, up to `MAX_CONTINUATIONS` times:
+(session_rebuild.py) and the query asked again there:
 
-- before its first answer message, it is simply asked again;
+- before its first answer message, it is simply asked again, once;
 - after it, it is asked again of the same data (`min_data_version`: the version its `started`
   named), and what the caller already has is not sent twice: the second `started` is dropped, and
   each token whose index is below the count sent. A greedy answer is the same answer (one query of
-  the same data and question); a sampled one continues with another draw.
+  the same data and question); a sampled one continues with another draw. Up to
+  `MAX_CONTINUATIONS` replicas may fail under one answer.
 
-Each move is an ERROR event naming both replicas ("session rebuilt, retrying" before the first
-message, "session rebuilt, answering again after N tokens" after it); the query ends with DONE and
-FINISHED, ERROR and FAILED, or CANCELLED.
+Each call goes to the replica under an id of its own (`<request id>@<hex>`, the caller's id in what
+comes back), so a query asked again, here or by a caller that re-issued it to another orchestrator,
+never meets the broken call it repeats. Each move is an ERROR event naming both replicas ("session
+rebuilt, retrying" before the first message, "session rebuilt, answering again after N tokens" after
+it); the query ends with DONE and FINISHED, ERROR and FAILED, or CANCELLED.
 """
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import AsyncIterator
 
 import grpc
@@ -45,14 +49,19 @@ class QueryKeeper:
         """The answer's messages, each once; `AnswerFailed` when it cannot go on."""
         request_id, rebuilds = self.forward.request_id, 0
         while True:
+            # Each call under its own id on the replica: a re-issue must not meet the broken call it repeats
+            # (still running there until its cancel arrives, and cancelled by id).
+            call = sessions_pb2.QueryRequest()
+            call.CopyFrom(self.forward)
+            call.request_id = f"{request_id}@{uuid.uuid4().hex[:8]}"
             try:
-                async for response in self.rebuilder.stub(self.record.replica).Query(self.forward,
-                                                                                     timeout=RPC_TIMEOUT_S):
+                async for response in self.rebuilder.stub(self.record.replica).Query(call, timeout=RPC_TIMEOUT_S):
                     if await self._note(response):
                         yield response
                 return
             except grpc.RpcError as exc:
-                if rebuilds >= MAX_CONTINUATIONS or not session_needs_rebuild(exc.code(), exc.details()):
+                limit = 1 if self.started is None else MAX_CONTINUATIONS     # once before the first message
+                if rebuilds >= limit or not session_needs_rebuild(exc.code(), exc.details()):
                     raise AnswerFailed(exc.code(), exc.details() or str(exc)) from exc
                 rebuilds += 1
                 lost = self.record.replica
@@ -72,6 +81,7 @@ class QueryKeeper:
         if kind == "started":
             if self.started is not None:
                 return False
+            response.started.request_id = self.forward.request_id       # the caller's id, not the call's
             self.started = response.started
             await record_query_started(self.store, self.forward.request_id, response.started)
         elif kind == "token":
