@@ -22,7 +22,8 @@ from collections.abc import Iterator
 import grpc
 
 from protos import common_pb2, retriever_pb2, retriever_pb2_grpc, sessions_pb2, sessions_pb2_grpc
-from servicekit.session_reissue import ResumableQuery
+from protos.metadata import INGEST_AFTER_KEY
+from servicekit.session_reissue import ResumableQuery, reissued
 from streamrag.stack.addresses import (
     DEFAULT_ORCHESTRATOR,
     orchestrator_address,
@@ -122,8 +123,12 @@ def _ingest(stub, args) -> int:
         texts += [line.rstrip("\n") for line in args.file if line.strip()]
     if not texts:
         raise UsageError("nothing to ingest: give TEXT arguments or --file")
-    response = stub.Ingest(iter([sessions_pb2.IngestRequest(
-        session_id=args.session_id, segments=[common_pb2.Segment(text=t) for t in texts])]), timeout=args.timeout)
+    batch = sessions_pb2.IngestRequest(session_id=args.session_id, segments=[common_pb2.Segment(text=t) for t in texts])
+    # An orchestrator dying under the call: re-issued to another, which skips the batch if it landed.
+    before = stub.DescribeSession(sessions_pb2.DescribeSessionRequest(session_id=args.session_id),
+                                  timeout=args.timeout).session.data_version
+    response = reissued(lambda attempt: stub.Ingest(iter([batch]), timeout=args.timeout, metadata=(
+        ((INGEST_AFTER_KEY, str(before)),) if attempt else ())), what="ingest")
     print(f"data version {response.data_version}: {response.segments} segments added, {response.data_tokens} data "
           f"tokens kept ({response.dropped_segments} segments dropped by retention so far)")
     return 0
