@@ -161,32 +161,38 @@ class InferenceProxy(inference_pb2_grpc.InferenceServicer):
         if continued is None:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"{RESUME_KEY} names {resume[1]} tokens: the "
                                 "request's last segment must be those token ids (its continuation)")
+        resumed = bool(resume and resume[1])
+        if not resumed:
+            try:            # with no replica there is nothing to record: the call ends UNAVAILABLE
+                await keeper.choose()
+            except NoReplicaAvailable as exc:
+                await context.abort(grpc.StatusCode.UNAVAILABLE, str(exc))
         outcome, task = "cancelled", None
         try:
-            try:
-                if resume and resume[1]:
+            if resumed:
+                try:
                     await keeper.resumed(continued[1], "", prompt=continued[0])
-                    work = keeper.continue_answer()
-                else:
-                    await keeper.choose()
-                    await record_created(self.store, request_id, question_of(context, request.segments),
-                                         retriever="none", streamed=False, replica=keeper.replica.address)
-                    if resume:
-                        await keeper.retried()
-                    keeper.prompt = continued[0]      # kept here: the caller holds the prompt to re-issue
-                    forward = inference_pb2.GenerateRequest()
-                    forward.CopyFrom(request)
-                    forward.request_id = keeper.inference_id
-                    work = keeper.generate(forward)
-            except NoReplicaAvailable as exc:
-                raise AnswerFailed(grpc.StatusCode.UNAVAILABLE, str(exc)) from exc
+                except NoReplicaAvailable as exc:
+                    raise AnswerFailed(grpc.StatusCode.UNAVAILABLE, str(exc)) from exc
+                work = keeper.continue_answer()
+            else:
+                await record_created(self.store, request_id, question_of(context, request.segments),
+                                     retriever="none", streamed=False, replica=keeper.replica.address)
+                if resume:
+                    await keeper.retried()
+                keeper.prompt = continued[0]      # kept here: the caller holds the prompt to re-issue
+                forward = inference_pb2.GenerateRequest()
+                forward.CopyFrom(request)
+                forward.request_id = keeper.inference_id
+                work = keeper.generate(forward)
             task = asyncio.create_task(_guarded(work, out))
             while True:
                 item = await out.get()
                 if isinstance(item, BaseException):
                     raise item
                 if await self._relay(request_id, item, timing, keeper.replica, key, record_lifecycles=False):
-                    outcome = "answered"
+                    outcome = "answered"           # counted with its record, before the caller reads on
+                    self.metrics.asks.labels(MODE, outcome).inc()
                 yield inference_pb2.GenerateResponse(event=item)
                 if outcome == "answered":
                     return
@@ -197,10 +203,11 @@ class InferenceProxy(inference_pb2_grpc.InferenceServicer):
             if task is not None:
                 task.cancel()              # its call too: the replica frees the request's blocks
                 await asyncio.gather(task, return_exceptions=True)
+            if outcome != "answered":
+                self.metrics.asks.labels(MODE, outcome).inc()
             await keeper.close()
             if outcome == "cancelled":
                 await record_cancelled(self.store, request_id)
-            self.metrics.asks.labels(MODE, outcome).inc()
 
     async def StreamPrompt(self, request_iterator, context) -> AsyncIterator[inference_pb2.StreamPromptResponse]:
         first = await anext(request_iterator, None)
