@@ -43,11 +43,12 @@ from servicekit.continuation import STOP
 
 class HandOffRequest(PrefillHandOff, VllmRequest):
     def __init__(self, *args, target: str, stub: kv_transfer_pb2_grpc.KvTransferStub, layout: KvLayout,
-                 spool: KvSpool, **kwargs) -> None:
+                 spool: KvSpool, eos_token_ids: tuple[int, ...] = (), **kwargs) -> None:
         # The decode side "holds" a chunk's KV (in memory, until finish).
         super().__init__(*args, target=target, stub=stub, ack_word="held", **kwargs)
         self.layout = layout
         self.spool = spool
+        self.eos_token_ids = eos_token_ids       # the model's: a relayed one ends the answer (`_stop_token_ids`)
         self._ship_dir: str | None = None
         self._finish_segments: list[Segment] | None = None
         self._tasks: list[asyncio.Task] = []
@@ -143,6 +144,9 @@ class HandOffRequest(PrefillHandOff, VllmRequest):
     def _max_output_tokens(self) -> int:
         return min(self.sampling.max_tokens, self.prompt.limits.max_sequence_tokens - len(self.prompt.tokens))
 
+    def _stop_token_ids(self) -> tuple[int, ...]:
+        return (*self.sampling.stop_token_ids, *(() if self.sampling.ignore_eos else self.eos_token_ids))
+
     def _finish_here(self) -> None:
         """Finish as a colocated request (the prefix cache holds what was submitted)."""
         super().finish(self._finish_segments, self.stats.last_input_time)
@@ -187,7 +191,8 @@ class VllmDisaggServicer(DecodeTargets, VllmServicer):
                         priority: int, arrived: float, events: asyncio.Queue) -> None:
         request = HandOffRequest(self.llm, request_id, self.new_prompt(), sampling, events, self.decode, arrived,
                                  self.stats.request_ended, target=target, stub=self._stub(target),
-                                 layout=self.layout, spool=self.spool)
+                                 layout=self.layout, spool=self.spool,
+                                 eos_token_ids=tuple(self.model_info.chat_format.eos_token_ids))
         try:
             request.open(segments, arrived)
         except Exception:
