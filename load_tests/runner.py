@@ -6,6 +6,8 @@ A bench keeps only what it measures; the rest is here, written once:
   `/tmp/streamrag-cpu.lock` (an `fcntl` lock: `cpu_lock()`, taken by the CLI, streamrag/cli.py), so
   two benchmarks never share the cores. The holder sets `STREAMRAG_CPU_LOCKED=1` in its
   environment, so a bench it starts as a subprocess does not wait for its own parent.
+  `STREAMRAG_CPU_LOCK=off` runs a bench without the lock: the test suite sets it (tests/conftest.py),
+  so a test never waits on a user's benchmark, nor holds one up.
 - **Seeds.** `add_seeds_arg` gives a bench its `--seeds 0,1,2`; `spread` is how every bench
   reports several seeds: the median with its min and max.
 - **Flags.** The argparse types for numbers and lists (every list flag is comma-separated: `--seeds 0,1,2`,
@@ -33,6 +35,7 @@ from typing import Any
 
 CPU_LOCK = Path("/tmp/streamrag-cpu.lock")
 CPU_LOCKED_ENV = "STREAMRAG_CPU_LOCKED"     # "1": this process or its parent holds the lock
+CPU_LOCK_ENV = "STREAMRAG_CPU_LOCK"         # "off": run without the lock (the test suite)
 
 
 # ---------------------------------------------------------------------------- the CPU lock
@@ -40,8 +43,9 @@ CPU_LOCKED_ENV = "STREAMRAG_CPU_LOCKED"     # "1": this process or its parent ho
 @contextlib.contextmanager
 def cpu_lock(path: Path = CPU_LOCK) -> Iterator[None]:
     """Hold the CPU lock for the block (waiting, with a note on stderr, while another bench holds it).
-    Inside a holder (`STREAMRAG_CPU_LOCKED=1`) it is already held and this does nothing."""
-    if os.environ.get(CPU_LOCKED_ENV) == "1":
+    Inside a holder (`STREAMRAG_CPU_LOCKED=1`) it is already held, and with `STREAMRAG_CPU_LOCK=off` it is
+    not wanted: then this does nothing, and opens no lock file."""
+    if os.environ.get(CPU_LOCKED_ENV) == "1" or os.environ.get(CPU_LOCK_ENV) == "off":
         yield
         return
     with open(path, "a+") as lock:

@@ -15,7 +15,6 @@ status=0
 step() { printf '\n==> %s\n' "$*"; }
 
 if [[ "${1:-}" == "--dry-run" ]]; then
-  export TRITON_INTERPRET=1
   step "cuda tests (collected only: no GPU here)"
   "$PY" -m pytest --run-cuda -m cuda tests/engine/test_cuda.py --collect-only -q -p no:cacheprovider || status=1
   step "bench gpu, CPU dry run"

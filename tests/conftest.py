@@ -13,17 +13,17 @@ from pathlib import Path
 
 import pytest
 
+# First: the engine package chooses Triton's interpreter on a machine without CUDA, before anything a
+# test imports can import triton (inference_svc/engine/__init__.py).
+import inference_svc.engine  # noqa: F401
 from tests.support.redis_server import PrivateRedis
 from tests.support.stack import run_dir  # noqa: F401 - the fixture, for every suite
 from tests.support.tiny_corpus import build_tiny_corpus
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
-# Without a GPU the Triton kernels run in Triton's interpreter, which must be chosen before anything
-# first imports triton (engine/triton_attention.py); torch itself imports it only when used.
-import torch
-
-if not torch.cuda.is_available():
-    os.environ.setdefault("TRITON_INTERPRET", "1")
+# Benches a test runs (in-process or as subprocesses) never take the machine-wide CPU lock: a test must not
+# wait on a user's benchmark (load_tests/runner.py).
+os.environ["STREAMRAG_CPU_LOCK"] = "off"
 
 OPT_IN = {
     "slow": "slow test: run with --run-slow",

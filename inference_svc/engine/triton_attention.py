@@ -18,8 +18,8 @@ step at a new length reuses the compiled kernel (no per-shape plan). Compiled va
 in ``block_q`` (decode-only batches use small tiles, batches with prefill chunks large ones), the
 head size and the group size.
 
-Without a CUDA device the kernels run in Triton's interpreter (``TRITON_INTERPRET=1``, set here
-before Triton is imported), which is how the CPU tests check them against the SDPA path.
+Without a CUDA device the kernels run in Triton's interpreter (``TRITON_INTERPRET=1``, chosen by the
+engine package before anything imports Triton), which is how the CPU tests check them against the SDPA path.
 """
 
 from __future__ import annotations
@@ -27,10 +27,6 @@ from __future__ import annotations
 import os
 
 import torch
-
-if not torch.cuda.is_available():
-    os.environ.setdefault("TRITON_INTERPRET", "1")
-
 import triton
 import triton.language as tl
 

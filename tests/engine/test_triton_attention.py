@@ -1,6 +1,6 @@
 """The Triton paged-attention kernels against the SDPA path, on random paged layouts.
 
-On this CPU the kernels run in Triton's interpreter (triton_attention sets TRITON_INTERPRET=1 when
+On this CPU the kernels run in Triton's interpreter (the engine package sets TRITON_INTERPRET=1 when
 there is no CUDA device); on a CUDA machine the same tests run the compiled kernels. Layouts: blocks
 shuffled over the pool, grouped-query heads (including a group that is not a power of two), partial
 last blocks, and decodes mixed with prefill chunks over cached prefixes in one batch.

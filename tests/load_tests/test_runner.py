@@ -53,6 +53,20 @@ def test_bad_values_are_argument_errors(parse, text):
         parse(text)
 
 
+def test_the_suite_runs_benches_without_the_cpu_lock(tmp_path):
+    """A test never waits on a user's benchmark: the suite sets STREAMRAG_CPU_LOCK=off (tests/conftest.py,
+    inherited by every bench a test starts, in-process or as a subprocess), and then no lock file is opened."""
+    import os
+
+    from load_tests.runner import CPU_LOCK_ENV, CPU_LOCKED_ENV, cpu_lock
+
+    assert os.environ[CPU_LOCK_ENV] == "off"
+    path = tmp_path / "cpu.lock"
+    with cpu_lock(path):
+        assert CPU_LOCKED_ENV not in os.environ
+    assert not path.exists()
+
+
 @pytest.mark.parametrize("add_args, argv", [
     (add_bench_concurrent_args, ["--seeds", "0,x"]),
     (add_bench_decode_args, ["--concurrency", "0,8"]),
@@ -82,9 +96,10 @@ def test_the_cpu_lock_is_held_for_the_block_and_not_taken_twice(tmp_path, monkey
     import fcntl
     import os
 
-    from load_tests.runner import CPU_LOCKED_ENV, cpu_lock
+    from load_tests.runner import CPU_LOCK_ENV, CPU_LOCKED_ENV, cpu_lock
 
     monkeypatch.delenv(CPU_LOCKED_ENV, raising=False)
+    monkeypatch.delenv(CPU_LOCK_ENV)            # the suite's "off", lifted for this lock on a tmp path
     path = tmp_path / "cpu.lock"
     with cpu_lock(path):
         assert os.environ[CPU_LOCKED_ENV] == "1"          # what a bench's subprocesses inherit
