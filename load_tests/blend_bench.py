@@ -170,12 +170,13 @@ def anns_replay(args: argparse.Namespace, seed: int, say: Callable[[str], None])
     from load_tests.replay_run import scale_query, stable_query
     from retriever_svc.replay.trace import read_trace
 
-    parser = argparse.ArgumentParser()
+    parser = argparse.ArgumentParser(allow_abbrev=False)
     add_bench_replay_args(parser)
-    rargs = parser.parse_args(["--trace", str(args.trace), "--qps", str(args.qps), "--seed", str(seed),
+    rargs = parser.parse_args(["--trace", str(args.trace), "--qps", str(args.qps), "--seeds", str(seed),
                                "--token-budget", str(args.replay_token_budget), "--dtype", args.dtype,
                                "--out", "/tmp/unused"] + (["--max-queries", str(args.max_queries)]
                                                           if args.max_queries else []))
+    rargs.seed = seed        # one seed's run (run_bench_replay sets it the same way for each of --seeds)
     trace = read_trace(args.trace)
     queries = [stable_query(scale_query(q, rargs.delay_multiplier)) for q in trace.queries]
     workloads = {w: qs[:args.max_queries] if args.max_queries else qs

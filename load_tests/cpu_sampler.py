@@ -226,12 +226,13 @@ def report(samples_path: Path, step_log: Path, slow: float, budget: int, top: in
 
 def add_bench_cpu_args(parser: argparse.ArgumentParser) -> None:
     sub = parser.add_subparsers(dest="cmd", required=True)
-    rec = sub.add_parser("record", help="sample every process's CPU time until stopped")
+    rec = sub.add_parser("record", help="sample every process's CPU time until stopped", allow_abbrev=False)
     rec.add_argument("--out", type=Path, required=True)
     rec.add_argument("--interval", type=positive_float, default=0.25)
     rec.add_argument("--threads-of", action="append", default=[], metavar="TEXT",
                      help="also sample the threads of processes whose command line holds TEXT (repeatable)")
-    rep = sub.add_parser("report", help="CPU by process during each slow step of a step log")
+    rep = sub.add_parser("report", help="CPU by process during each slow step of a step log",
+                         allow_abbrev=False)
     rep.add_argument("samples", type=Path)
     rep.add_argument("step_log", type=Path)
     rep.add_argument("--slow", type=float, default=0.5, help="a step longer than this is slow (seconds)")

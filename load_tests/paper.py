@@ -102,7 +102,7 @@ def replay_argv(step: str, out: Path, seeds: list[int]) -> list[str]:
 def _run(add_args: Callable[[argparse.ArgumentParser], None], run: Callable[[argparse.Namespace], int],
          argv: list[str], prog: str) -> int:
     """A command's own flags and handler, as the CLI would call them (this process keeps the CPU lock)."""
-    parser = argparse.ArgumentParser(prog=prog)
+    parser = argparse.ArgumentParser(prog=prog, allow_abbrev=False)
     add_args(parser)
     return run(parser.parse_args(argv))
 

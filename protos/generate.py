@@ -100,7 +100,7 @@ def write_stubs(stubs: dict[str, bytes]) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
     parser.add_argument("--check", action="store_true", help="report drift instead of writing; exit 1 on drift")
     args = parser.parse_args(argv)
     stubs = generate_stubs()

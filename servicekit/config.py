@@ -99,7 +99,7 @@ def run_command(prog: str, add_args: Callable[[argparse.ArgumentParser], None],
                 handler: Callable[[argparse.Namespace], int], argv: list[str] | None = None) -> int:
     """`python -m <service module> ...`: the same flags and handler as `streamrag serve ...`, without
     the CLI package (a compose image holds only its own service's package)."""
-    parser = argparse.ArgumentParser(prog=prog)
+    parser = argparse.ArgumentParser(prog=prog, allow_abbrev=False)
     add_args(parser)
     try:
         return handler(parser.parse_args(argv))

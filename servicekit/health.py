@@ -84,7 +84,7 @@ def check_health(check: str, target: str, timeout_s: float = 2.0, tls: TlsFiles 
 
 
 def probe_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m servicekit.health",
+    parser = argparse.ArgumentParser(prog="python -m servicekit.health", allow_abbrev=False,
                                      description="health check one service: exit 0 when healthy, 1 with the reason")
     parser.add_argument("check", choices=CHECK_KINDS)
     parser.add_argument("target", help="host:port (grpc), URL (http) or redis:// URL")

@@ -170,7 +170,7 @@ def holding_cpu_lock(handler: Handler) -> Handler:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="streamrag",
+        prog="streamrag", allow_abbrev=False,
         description="Serve retrieval-augmented LLM queries whose context arrives as a stream.",
     )
     top = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
@@ -182,10 +182,10 @@ def build_parser() -> argparse.ArgumentParser:
             (word,) = group
             if word not in groups:
                 help_text, metavar = GROUPS[word]
-                groups[word] = top.add_parser(word, help=help_text).add_subparsers(
+                groups[word] = top.add_parser(word, help=help_text, allow_abbrev=False).add_subparsers(
                     dest=f"{word}_command", metavar=metavar, required=True)
             commands = groups[word]
-        sub = commands.add_parser(name, help=command.help)
+        sub = commands.add_parser(name, help=command.help, allow_abbrev=False)
         resolve(command.args)(sub)
         handler = lazy(command.run)
         if group == ["bench"] and command.path not in CPU_FREE:

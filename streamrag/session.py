@@ -38,7 +38,7 @@ def add_session_args(parser: argparse.ArgumentParser) -> None:
     actions = parser.add_subparsers(dest="session_command", metavar="ACTION", required=True)
 
     def action(name: str, help: str, target: str) -> argparse.ArgumentParser:
-        sub = actions.add_parser(name, help=help)
+        sub = actions.add_parser(name, help=help, allow_abbrev=False)
         sub.add_argument("--orchestrator", default=None,
                          help=f"host:port (default: the local stack's, else {DEFAULT_ORCHESTRATOR})")
         sub.add_argument("--timeout", type=float, default=600.0)

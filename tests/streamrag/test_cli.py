@@ -46,3 +46,25 @@ def test_each_row_is_one_command_that_runs_its_own_handler(monkeypatch):
         assert sub.get_default("handler")(argparse.Namespace()) == 0
     assert ran == [command.run for command in cli.COMMANDS]
     assert len({command.path for command in cli.COMMANDS}) == len(cli.COMMANDS)
+
+
+def every_parser(parser: argparse.ArgumentParser) -> list[argparse.ArgumentParser]:
+    """`parser` and every subcommand's parser under it, at any depth."""
+    found = [parser]
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                found += every_parser(sub)
+    return found
+
+
+def test_no_parser_takes_an_abbreviated_flag(capsys):
+    """Every parser is built with allow_abbrev=False: a flag is spelled out or refused, so a flag added later
+    (`--seeds`) cannot swallow a caller's other one (`--seed`, which `bench blend` once passed to the replay)."""
+    parsers = every_parser(cli.build_parser())
+    assert len(parsers) > len(cli.COMMANDS)
+    assert [p.prog for p in parsers if p.allow_abbrev] == []
+    with pytest.raises(SystemExit):
+        cli.build_parser().parse_args(["bench", "replay", "--trace", "t.jsonl", "--qps", "1", "--seed", "0",
+                                        "--out", "o"])
+    assert "unrecognized arguments: --seed" in capsys.readouterr().err
