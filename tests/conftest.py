@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, settings
 
 # First: the engine package chooses Triton's interpreter on a machine without CUDA, before anything a
 # test imports can import triton (inference_svc/engine/__init__.py).
@@ -24,6 +25,16 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 # Benches a test runs (in-process or as subprocesses) never take the machine-wide CPU lock: a test must not
 # wait on a user's benchmark (load_tests/runner.py).
 os.environ["STREAMRAG_CPU_LOCK"] = "off"
+
+# Property tests draw the same examples on every run and every machine (derandomized: Hypothesis seeds them
+# from each test), so the default suite passes or fails alike everywhere and a failure found once is found
+# again on the next run, printed with its `@reproduce_failure` blob. No deadline: this is a loaded machine,
+# and a test asserts behaviour, not time. Hypothesis keeps no example database when derandomized; to search
+# with fresh random draws, its database kept in .hypothesis/: `pytest --hypothesis-profile=explore`.
+settings.register_profile("streamrag", derandomize=True, deadline=None, print_blob=True,
+                          suppress_health_check=[HealthCheck.too_slow])
+settings.register_profile("explore", deadline=None, suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile("streamrag")
 
 OPT_IN = {
     "slow": "slow test: run with --run-slow",
