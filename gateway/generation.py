@@ -28,11 +28,9 @@ from gateway.plain_resume import ResumableGenerate
 from gateway.protocol import RAG_MODEL, GenerationRequest, RetrievalOptions, Sampling
 from gateway.upstream import Upstream
 from protos import common_pb2, inference_pb2, orchestrator_pb2
+from protos.retrievers import RETRIEVER_CHOICES
 from servicekit.ask_resume import ResumableAsk
 
-RETRIEVER_CHOICES = {"anns": orchestrator_pb2.RETRIEVER_CHOICE_ANNS,
-                     "crawler": orchestrator_pb2.RETRIEVER_CHOICE_CRAWLER,
-                     "both": orchestrator_pb2.RETRIEVER_CHOICE_BOTH}
 FINISH_REASONS = {common_pb2.FINISH_REASON_STOP: "stop", common_pb2.FINISH_REASON_LENGTH: "length"}
 REQUEST_TIMEOUT_S = 600.0
 

@@ -49,6 +49,7 @@ import grpc
 
 from load_tests.runner import add_seeds_arg, positive_int, spread, write_json
 from protos import common_pb2, inference_pb2, inference_pb2_grpc, orchestrator_pb2, orchestrator_pb2_grpc
+from protos.retrievers import LIVE_RETRIEVERS, RETRIEVER_CHOICES
 from servicekit.auth import API_KEY_ENV, bearer_metadata
 from servicekit.config import DEFAULT_PORTS
 from servicekit.progress import say
@@ -56,15 +57,13 @@ from servicekit.stats import percentile
 
 QUESTIONS = Path(__file__).with_name("questions.txt")
 RAG_MODEL = "streamrag-rag"
-RETRIEVERS = {"anns": orchestrator_pb2.RETRIEVER_CHOICE_ANNS, "crawler": orchestrator_pb2.RETRIEVER_CHOICE_CRAWLER,
-              "both": orchestrator_pb2.RETRIEVER_CHOICE_BOTH}
 
 
 def add_bench_gateway_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--gateway", default=f"http://127.0.0.1:{DEFAULT_PORTS['gateway']}", help="the gateway's URL")
     parser.add_argument("--orchestrator", default=f"127.0.0.1:{DEFAULT_PORTS['orchestrator']}",
                         help="the orchestrator the gateway talks to (host:port, plaintext gRPC)")
-    parser.add_argument("--retriever", choices=list(RETRIEVERS), default="anns")
+    parser.add_argument("--retriever", choices=LIVE_RETRIEVERS, default="anns")
     parser.add_argument("--questions", type=positive_int, default=10, help="questions (pairs) per seed")
     parser.add_argument("--questions-file", type=Path, default=QUESTIONS, help="one question per line, # comments")
     parser.add_argument("--max-tokens", type=positive_int, default=32)
@@ -110,7 +109,7 @@ class Clients:
         self.retriever, self.max_tokens = args.retriever, args.max_tokens
 
     def ask_grpc(self, question: str, max_tokens: int | None = None) -> dict[str, float]:
-        request = orchestrator_pb2.AskRequest(question=question, retriever=RETRIEVERS[self.retriever],
+        request = orchestrator_pb2.AskRequest(question=question, retriever=RETRIEVER_CHOICES[self.retriever],
                                               max_tokens=max_tokens or self.max_tokens,
                                               sampling=common_pb2.SamplingParams(temperature=0))
         started, token_times, service_ttft = time.perf_counter(), [], float("nan")

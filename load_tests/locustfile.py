@@ -49,6 +49,7 @@ import grpc.experimental.gevent as grpc_gevent
 from locust import User, events, task
 
 from protos import orchestrator_pb2, orchestrator_pb2_grpc
+from protos.retrievers import LIVE_RETRIEVERS, RETRIEVER_CHOICES
 from servicekit.auth import keyed_channel
 from servicekit.config import DEFAULT_PORTS
 
@@ -56,13 +57,12 @@ grpc_gevent.init_gevent()
 
 DEFAULT_TARGET = f"127.0.0.1:{DEFAULT_PORTS['orchestrator']}"
 DEFAULT_QUESTIONS = Path(__file__).with_name("questions.txt")
-RETRIEVERS = {"anns": orchestrator_pb2.RETRIEVER_CHOICE_ANNS, "crawler": orchestrator_pb2.RETRIEVER_CHOICE_CRAWLER,
-              "both": orchestrator_pb2.RETRIEVER_CHOICE_BOTH, "none": orchestrator_pb2.RETRIEVER_CHOICE_NONE}
 
 
 @events.init_command_line_parser.add_listener
 def add_ask_options(parser) -> None:
-    parser.add_argument("--ask-retriever", choices=list(RETRIEVERS), default="anns", env_var="LOCUST_ASK_RETRIEVER",
+    parser.add_argument("--ask-retriever", choices=[*LIVE_RETRIEVERS, "none"], default="anns",
+                        env_var="LOCUST_ASK_RETRIEVER",
                         help="retriever(s) the orchestrator uses for every Ask")
     parser.add_argument("--ask-stream-share", type=float, default=0.5, env_var="LOCUST_ASK_STREAM_SHARE",
                         help="share of asks that stream context (the rest set no_stream), in [0, 1]")
@@ -115,7 +115,7 @@ class AskUser(User):
 
     def on_start(self) -> None:
         options = self.environment.parsed_options
-        self.retriever = RETRIEVERS[options.ask_retriever]
+        self.retriever = RETRIEVER_CHOICES[options.ask_retriever]
         self.max_tokens = options.ask_max_tokens
         self.timeout = options.ask_timeout
         self.wait_range = (options.ask_wait_min, max(options.ask_wait_min, options.ask_wait_max))

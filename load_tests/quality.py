@@ -35,10 +35,11 @@ from pathlib import Path
 
 from load_tests.runner import write_json
 from orchestrator.documents import page_of
+from protos.retrievers import LIVE_RETRIEVERS, RETRIEVER_CHOICES
 from servicekit.stats import percentile
 
 DEFAULT_ORCHESTRATOR = "127.0.0.1:50051"    # servicekit.config.DEFAULT_PORTS["orchestrator"]
-RETRIEVER_CHOICES = ("anns", "crawler", "both")
+RETRIEVERS = LIVE_RETRIEVERS
 SECTIONS = ("library", "tutorial", "howto", "reference")
 
 
@@ -110,11 +111,9 @@ def ask_one(stub, question: Question, retriever: str, *, top_k: int, max_tokens:
 
     from protos import orchestrator_pb2
 
-    choice = {"anns": orchestrator_pb2.RETRIEVER_CHOICE_ANNS, "crawler": orchestrator_pb2.RETRIEVER_CHOICE_CRAWLER,
-              "both": orchestrator_pb2.RETRIEVER_CHOICE_BOTH}[retriever]
     outcome = AskOutcome(question.id, question.section, retriever)
-    request = orchestrator_pb2.AskRequest(question=question.question, retriever=choice, top_k=top_k,
-                                          max_tokens=max_tokens, retrieval_deadline_ms=deadline_ms)
+    request = orchestrator_pb2.AskRequest(question=question.question, retriever=RETRIEVER_CHOICES[retriever],
+                                          top_k=top_k, max_tokens=max_tokens, retrieval_deadline_ms=deadline_ms)
     errors: list[str] = []
     finals = 0
     try:
@@ -208,7 +207,7 @@ def add_bench_quality_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--questions", type=Path, required=True, help="question file (JSON lines with pages)")
     parser.add_argument("--json", type=Path, default=None, help="write every Ask and the summary here")
     parser.add_argument("--orchestrator", default=DEFAULT_ORCHESTRATOR, help="host:port of a running orchestrator")
-    parser.add_argument("--retrievers", default=",".join(RETRIEVER_CHOICES),
+    parser.add_argument("--retrievers", default=",".join(RETRIEVERS),
                         help="comma-separated retriever choices to measure (anns, crawler, both)")
     parser.add_argument("--top-k", type=int, default=5, help="documents per retriever (hit@k is measured at this k)")
     parser.add_argument("--max-tokens", type=int, default=1,
@@ -226,8 +225,8 @@ def run_bench_quality(args: argparse.Namespace) -> int:
     if (questions := questions_or_none(args.questions)) is None:
         return 2
     retrievers = [r.strip() for r in args.retrievers.split(",") if r.strip()]
-    if not retrievers or any(r not in RETRIEVER_CHOICES for r in retrievers) or args.top_k < 1:
-        print(f"error: --retrievers takes {', '.join(RETRIEVER_CHOICES)}; --top-k at least 1", file=sys.stderr)
+    if not retrievers or any(r not in RETRIEVERS for r in retrievers) or args.top_k < 1:
+        print(f"error: --retrievers takes {', '.join(RETRIEVERS)}; --top-k at least 1", file=sys.stderr)
         return 2
     questions = questions[: args.limit] if args.limit > 0 else questions
     ks = sorted({1, min(3, args.top_k), args.top_k})

@@ -25,20 +25,17 @@ from inference_svc.engine.options import (
     speculation_arg,
 )
 from protos import common_pb2, orchestrator_pb2, orchestrator_pb2_grpc
+from protos.retrievers import RETRIEVER_CHOICES
 from servicekit.ask_resume import ResumableAsk
 from servicekit.auth import client_key
 from servicekit.channels import open_channel, spread_options, spread_target
 from servicekit.tls import client_tls
 from streamrag.stack.addresses import DEFAULT_ORCHESTRATOR, orchestrator_address
 
-CHOICES = {"anns": orchestrator_pb2.RETRIEVER_CHOICE_ANNS, "crawler": orchestrator_pb2.RETRIEVER_CHOICE_CRAWLER,
-           "both": orchestrator_pb2.RETRIEVER_CHOICE_BOTH, "none": orchestrator_pb2.RETRIEVER_CHOICE_NONE,
-           "replay": orchestrator_pb2.RETRIEVER_CHOICE_REPLAY}
-
 
 def add_ask_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("question")
-    parser.add_argument("--retriever", choices=list(CHOICES), default=None,
+    parser.add_argument("--retriever", choices=list(RETRIEVER_CHOICES), default=None,
                         help="default: the orchestrator's (anns; the crawler, with a warning, while anns cannot serve)")
     parser.add_argument("--no-stream", action="store_true", help="the baseline: prompt sent once retrieval ends")
     parser.add_argument("--max-tokens", type=int, default=128)
@@ -138,7 +135,7 @@ async def stream_answer(request: orchestrator_pb2.AskRequest, address: str, time
 
 
 def run_ask(args: argparse.Namespace) -> int:
-    request = orchestrator_pb2.AskRequest(question=args.question, retriever=CHOICES.get(args.retriever, 0),
+    request = orchestrator_pb2.AskRequest(question=args.question, retriever=RETRIEVER_CHOICES.get(args.retriever, 0),
                                           no_stream=args.no_stream, max_tokens=args.max_tokens, top_k=args.top_k,
                                           retrieval_deadline_ms=args.deadline_ms, collection=args.collection,
                                           sampling=common_pb2.SamplingParams(

@@ -25,7 +25,9 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-RETRIEVERS = ("anns", "crawler", "both")
+from protos.retrievers import LIVE_RETRIEVERS, RETRIEVER_CHOICES
+
+RETRIEVERS = LIVE_RETRIEVERS
 QUESTIONS_FILE = Path(__file__).resolve().parent.parent / "questions.txt"
 HANG_MARGIN_S = 1.0           # an ask that ended this close to its deadline without an answer ran out of it
 
@@ -139,10 +141,8 @@ async def ask_resuming(channel, spec: AskSpec, user: int, deadline_s: float, max
     from servicekit.ask_resume import ResumableAsk
 
     stub = orchestrator_pb2_grpc.OrchestratorStub(channel)
-    choice = {"anns": orchestrator_pb2.RETRIEVER_CHOICE_ANNS, "crawler": orchestrator_pb2.RETRIEVER_CHOICE_CRAWLER,
-              "both": orchestrator_pb2.RETRIEVER_CHOICE_BOTH}[spec.retriever]
-    request = orchestrator_pb2.AskRequest(question=spec.question, retriever=choice, no_stream=not spec.streamed,
-                                          max_tokens=max_tokens)
+    request = orchestrator_pb2.AskRequest(question=spec.question, retriever=RETRIEVER_CHOICES[spec.retriever],
+                                          no_stream=not spec.streamed, max_tokens=max_tokens)
     out = AskOutcome(user, spec, time.monotonic(), deadline_s=deadline_s)
     kinds: collections.Counter = collections.Counter()
     sources: set[str] = set()
