@@ -15,10 +15,11 @@ import sys
 from pathlib import Path
 
 from inference_svc.engine.options import DEFAULT_DEVICE, DEFAULT_DTYPE, DTYPE_CHOICES, POLICY_CHOICES
-from load_tests.runner import write_json
+from load_tests.runner import positive_int, positive_int_list, write_json
 
 POLICIES = POLICY_CHOICES
-SIZES = (50, 500)
+SIZES = "50,500"            # running requests the scheduler's overhead is measured at
+SCHEDULER_STEPS = 300
 
 
 def _say(message: str) -> None:
@@ -32,6 +33,10 @@ def add_bench_engine_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--prompt-lengths", default="512,2048,4096")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--json", type=Path, default=None, help="write the results here")
+    parser.add_argument("--scheduler-sizes", type=positive_int_list, default=SIZES,
+                        help=f"comma-separated running requests of the scheduler overhead (default: {SIZES})")
+    parser.add_argument("--scheduler-steps", type=positive_int, default=SCHEDULER_STEPS,
+                        help=f"scheduler steps timed at each size (default: {SCHEDULER_STEPS})")
 
 
 def run_engine_bench(args: argparse.Namespace) -> int:
@@ -69,7 +74,7 @@ def run_engine_bench(args: argparse.Namespace) -> int:
     by_policy = {}
     for policy in POLICIES:
         _say(f"scheduler overhead: {policy}")
-        per_size = {str(n): measure_scheduler_us(n, policy) for n in SIZES}
+        per_size = {str(n): measure_scheduler_us(n, policy, steps=args.scheduler_steps) for n in args.scheduler_sizes}
         by_policy[policy] = {kind: {n: {k: round(v, 1) for k, v in per_size[n][kind].items()} for n in per_size}
                              for kind in ("ordering", "step")}
     report = {
@@ -86,10 +91,11 @@ def run_engine_bench(args: argparse.Namespace) -> int:
     if vllm_note:
         print(f"({vllm_note})")
     print("\nScheduler overhead, microseconds (p50 / p99):")
-    print(f"{'policy':8s} " + " ".join(f"{k + ' ' + n:>22s}" for k in ("ordering", "step") for n in map(str, SIZES)))
+    sizes = [str(n) for n in args.scheduler_sizes]
+    print(f"{'policy':8s} " + " ".join(f"{k + ' ' + n:>22s}" for k in ("ordering", "step") for n in sizes))
     for policy, kinds in by_policy.items():
         cells = [f"{kinds[k][str(n)]['p50']:9.1f} / {kinds[k][str(n)]['p99']:9.1f}" for k in ("ordering", "step")
-                 for n in SIZES]
+                 for n in args.scheduler_sizes]
         print(f"{policy:8s} " + " ".join(f"{c:>22s}" for c in cells))
     if args.json:
         write_json(args.json, report)

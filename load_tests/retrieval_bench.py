@@ -127,8 +127,8 @@ def run_bench(index, schedule: Sequence[int], beam_width: int, k: int = 10, quer
     import numpy as np
 
     from retriever_svc.anns.index import recall
-    from retriever_svc.anns.stages import effective_schedule
     from retriever_svc.corpus.embedding import embed
+    from retriever_svc.stages import effective_schedule
 
     texts = [p.text for p in index.store.all()]
     questions = derive_queries(texts, queries, seed)
@@ -322,9 +322,9 @@ def compare(args: argparse.Namespace, backends: list[str]) -> dict:
     from load_tests.quality import load_questions
     from retriever_svc.anns.backend import DEFAULT_BEAM_WIDTH, DEFAULT_SCHEDULE, parse_beam_width, parse_schedule
     from retriever_svc.anns.index import AnnsIndex
-    from retriever_svc.anns.stages import effective_schedule
     from retriever_svc.corpus.embedding import embed
     from retriever_svc.corpus.index import default_index_dir
+    from retriever_svc.stages import effective_schedule
 
     schedule = parse_schedule(args.l_schedule) if args.l_schedule else DEFAULT_SCHEDULE
     width = parse_beam_width(args.beam_width) if args.beam_width is not None else DEFAULT_BEAM_WIDTH

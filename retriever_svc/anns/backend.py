@@ -25,13 +25,13 @@ import numpy as np
 
 from protos import common_pb2, retriever_pb2
 from retriever_svc.anns.index import AnnsIndex, recall
-from retriever_svc.anns.stages import Stage
 from retriever_svc.collections.registry import BUILD_STOP_TIMEOUT_S, CollectionRegistry, DefaultCollection
 from retriever_svc.corpus.embedding import EMBEDDING_DIM
 from retriever_svc.corpus.index import default_index_dir, read_manifest
 from retriever_svc.corpus.passages import Passage
 from retriever_svc.service import InvalidQuery, RetrievalQuery
 from retriever_svc.stability import stability_hints
+from retriever_svc.stages import Stage
 
 DEFAULT_SCHEDULE = (16, 64, 256)      # measured: see `streamrag bench retrieval`
 DEFAULT_BEAM_WIDTH = 8

@@ -13,10 +13,10 @@ from pathlib import Path
 
 import numpy as np
 
-from retriever_svc.anns.stages import Stage, exact_top, staged
 from retriever_svc.corpus.index import STORE, VECTORS, open_disk_searcher, read_manifest
 from retriever_svc.corpus.passages import Passage
 from retriever_svc.corpus.store import PassageStore
+from retriever_svc.stages import Stage, exact_top, staged
 
 NODES_TO_CACHE = 2000       # graph nodes around the medoid kept in memory
 

@@ -16,12 +16,12 @@ from pathlib import Path
 
 import numpy as np
 
-from retriever_svc.anns.stages import Stage
 from retriever_svc.collections.live import LiveIndex
 from retriever_svc.collections.search_index import SearchIndex
-from retriever_svc.collections.store import CollectionStore
+from retriever_svc.corpus.collection_store import CollectionStore
 from retriever_svc.corpus.loaders import UnreadableFile, load_page
 from retriever_svc.corpus.passages import DEFAULT_MAX_TOKENS, Passage, TokenCounter, split_page
+from retriever_svc.stages import Stage
 
 STORE_FILE = "collection.sqlite"
 # passages -> their normalized vectors, row by row

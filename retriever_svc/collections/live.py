@@ -27,10 +27,10 @@ from pathlib import Path
 
 import numpy as np
 
-from retriever_svc.anns.stages import Stage, exact_top, staged
 from retriever_svc.collections.search_index import SearchIndex
-from retriever_svc.collections.store import CollectionStore, FileChange
+from retriever_svc.corpus.collection_store import CollectionStore, FileChange
 from retriever_svc.corpus.index import BuildParams, build_disk_index, open_disk_searcher
+from retriever_svc.stages import Stage, exact_top, staged
 
 GENERATION_KEY = "generation"
 WATERMARK_KEY = "watermark"        # the largest pid the current generation's snapshot held

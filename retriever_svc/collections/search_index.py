@@ -21,9 +21,9 @@ from pathlib import Path
 
 import numpy as np
 
-from retriever_svc.anns.stages import Stage, exact_top
-from retriever_svc.collections.store import CollectionStore, FileChange
+from retriever_svc.corpus.collection_store import CollectionStore, FileChange
 from retriever_svc.corpus.embedding import EMBEDDING_DIM
+from retriever_svc.stages import Stage, exact_top
 
 
 class SearchIndex:

@@ -3,7 +3,9 @@
 HTML pages -> sections -> passages -> SQLite store + vectors + DiskANN index:
 `extract` turns one HTML page into a title and text sections, `loaders` reads a user's
 files (md, rst, txt, html, pdf), `passages` packs sections into passages of a few hundred
-tokens, `store` keeps passages in SQLite beside the index, `embedding` turns texts into
+tokens, `store` keeps passages in SQLite beside the index, `collection_store` keeps a
+collection's files, passages and vectors in one SQLite file (a live collection's truth, and an
+index build's checkpoint), `embedding` turns texts into
 vectors (`EMBEDDING_DIM`, the one embedding dimension), and `index` builds the whole thing
 (`streamrag index build`), resuming from `checkpoint`.
 

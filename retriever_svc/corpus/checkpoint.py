@@ -1,6 +1,6 @@
 """An index build's embedded passages, kept as they are made, so a build cut short resumes.
 
-The checkpoint is a collection store (`retriever_svc.collections.store.CollectionStore`, the
+The checkpoint is a collection store (`retriever_svc.corpus.collection_store.CollectionStore`, the
 same SQLite file a live collection keeps) beside the index: each page's passages and vectors
 are committed in one transaction once embedded, so after a `down`, a crash or a SIGKILL the
 next build embeds only the pages the checkpoint does not hold (same path, same SHA-256, same
@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from retriever_svc.collections.store import CollectionStore
+from retriever_svc.corpus.collection_store import CollectionStore
 from retriever_svc.corpus.passages import Passage
 
 CHECKPOINT = ".embedded.sqlite"

@@ -16,9 +16,9 @@ from pathlib import Path
 import numpy as np
 
 from retriever_svc.anns.index import AnnsIndex
-from retriever_svc.anns.stages import Stage
 from retriever_svc.milvus.connection import MilvusConnection
 from retriever_svc.milvus.index import MilvusIndex
+from retriever_svc.stages import Stage
 
 INDEX_WAIT_S = 1800.0
 

@@ -13,9 +13,9 @@ from collections.abc import Iterator, Sequence
 
 import numpy as np
 
-from retriever_svc.anns.stages import Stage, staged
 from retriever_svc.corpus.embedding import EMBEDDING_DIM
 from retriever_svc.milvus.connection import MilvusConnection, index_params, max_search_list, search_params
+from retriever_svc.stages import Stage, staged
 
 PID, VECTOR = "pid", "vector"
 WRITE_BATCH = 2000            # rows per insert call (a gRPC message stays well under Milvus's limits)

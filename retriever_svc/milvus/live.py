@@ -24,13 +24,13 @@ from pathlib import Path
 
 import numpy as np
 
-from retriever_svc.anns.stages import Stage
 from retriever_svc.collections.live import MERGE_MEMORY_PASSAGES
 from retriever_svc.collections.search_index import SearchIndex
-from retriever_svc.collections.store import CollectionStore, FileChange
+from retriever_svc.corpus.collection_store import CollectionStore, FileChange
 from retriever_svc.milvus.connection import MilvusConnection
 from retriever_svc.milvus.index import MilvusIndex
 from retriever_svc.service import RetrieverUnavailable
+from retriever_svc.stages import Stage
 
 NAME_KEY = "milvus_collection"
 

@@ -20,8 +20,8 @@ import pytest
 from protos import retriever_pb2
 from retriever_svc.anns.backend import AnnsBackend, build_backend, parse_schedule
 from retriever_svc.anns.index import AnnsIndex, recall
-from retriever_svc.anns.stages import effective_schedule
 from retriever_svc.server_args import add_retriever_args
+from retriever_svc.stages import effective_schedule
 from tests.retriever import build_random_index, build_tiny_index
 from tests.support.retrievers import serving_retriever
 
