@@ -24,7 +24,9 @@ applied it: each message is timestamped when it arrives, not when the backend is
 (otherwise a chunk sent with the open would count as arriving a step later, and fcfs would rank
 it behind prompts that completed in that step). Any protocol violation ends the call with a
 status code and the request is aborted, so its blocks are freed; so does the client cancelling
-or its deadline passing.
+or its deadline passing. Before a StreamPrompt call ends with a status, what the client is still
+sending is read (`client_stream.ClientStream.drain`), so the client reads that status and not
+gRPC's INTERNAL, whichever backend serves it.
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ from inference_svc.engine.policies import POLICIES
 from inference_svc.engine.request import Segment
 from inference_svc.engine.sampler import SamplingParams
 from inference_svc.options import DEFAULT_MAX_STREAMS
+from inference_svc.rpc.client_stream import ClientStream
 from inference_svc.rpc.convert import (
     BadRequest,
     check_request_id,
@@ -86,6 +89,7 @@ class StreamServicerBase(inference_pb2_grpc.InferenceServicer):
         self._active: set[str] = set()
         self._open_streams = 0
         self._clock_offset_s = time.time() - time.monotonic()
+        self._client_streams: dict[object, ClientStream] = {}    # StreamPrompt calls by their context
 
     # --- the backend hook -------------------------------------------------------------
     async def _open(self, request_id: str, segments: list[Segment], sampling: SamplingParams, priority: int,
@@ -105,12 +109,16 @@ class StreamServicerBase(inference_pb2_grpc.InferenceServicer):
 
     # --- RPCs -----------------------------------------------------------------------
     async def StreamPrompt(self, request_iterator, context) -> AsyncIterator[inference_pb2.StreamPromptResponse]:
-        async with self._stream_slot(context):
-            first = await self._first_message(request_iterator, context)
-            arrived = time.monotonic()   # the engine's clock: input waits for a running step count
-            async with contextlib.aclosing(self._serve(first.update.open, arrived, context, request_iterator)) as run:
-                async for event in run:
-                    yield inference_pb2.StreamPromptResponse(event=event)
+        stream = self._client_streams[context] = ClientStream(request_iterator)
+        try:
+            async with self._stream_slot(context):
+                first = await self._first_message(stream, context)
+                arrived = time.monotonic()   # the engine's clock: input waits for a running step count
+                async with contextlib.aclosing(self._serve(first.update.open, arrived, context, stream)) as run:
+                    async for event in run:
+                        yield inference_pb2.StreamPromptResponse(event=event)
+        finally:
+            del self._client_streams[context]
 
     async def Generate(self, request, context) -> AsyncIterator[inference_pb2.GenerateResponse]:
         arrived = time.monotonic()
@@ -143,6 +151,8 @@ class StreamServicerBase(inference_pb2_grpc.InferenceServicer):
             complete = request_iterator is None
             inbox: asyncio.Queue = asyncio.Queue()
             receiver = None if complete else asyncio.create_task(self._receive(request_iterator, inbox))
+            if receiver is not None:
+                request_iterator.reader = receiver
             reader = None
             try:
                 try:
@@ -284,4 +294,7 @@ class StreamServicerBase(inference_pb2_grpc.InferenceServicer):
 
     async def _abort(self, context, code: grpc.StatusCode, message: str):
         self.metrics.rpc_errors.labels(code.name).inc()
+        stream = self._client_streams.get(context)
+        if stream is not None:
+            await stream.drain()     # the client is not left writing into a call that has ended
         await context.abort(code, message)
