@@ -50,6 +50,10 @@ from tests.service.test_inference_streaming import (  # noqa: F401 - collected a
     test_twenty_concurrent_mixed_streams_complete_correctly,
     test_update_changing_a_middle_document_answers_like_generate,
 )
+from tests.service.test_refusal_status import (  # noqa: F401 - collected and run here
+    test_a_huge_request_id_is_invalid_argument_on_every_call_while_the_client_writes,
+    test_a_second_open_is_invalid_argument_on_every_call_while_the_client_writes,
+)
 from tests.support.inference import InferenceProcess
 from tests.support.inference_calls import collect, finish_msg, open_msg
 
