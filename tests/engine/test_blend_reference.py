@@ -1,0 +1,49 @@
+"""Blend through every attention implementation against the recorded outputs of the gather-based blend
+forward (blend_scenario.py, fp32, the real model): a step mixing a decode, a plain chunk and two blended
+chunks gives the same logits and KV, and greedy decodes over the blended KV the same tokens. The
+Triton kernels run in Triton's interpreter on a CPU."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from tests.engine import blend_scenario
+
+
+@pytest.fixture(scope="module")
+def reference() -> dict:
+    return json.loads(blend_scenario.REFERENCE.read_text())
+
+
+@pytest.fixture(scope="module")
+def encode(embedded_model_dir):
+    return blend_scenario.encoder(embedded_model_dir)
+
+
+@pytest.fixture(scope="module")
+def sdpa_runner(embedded_model_dir):
+    return blend_scenario.runner(embedded_model_dir, "sdpa")
+
+
+def assert_matches(got: dict, want: dict) -> None:
+    assert got["tokens"] == want["tokens"]
+    for row_got, row_want in zip(got["logits"], want["logits"], strict=True):
+        assert row_got["ids"][0] == row_want["ids"][0]                       # the same greedy token
+        torch.testing.assert_close(torch.tensor(row_got["values"]), torch.tensor(row_want["values"]),
+                                   atol=1e-3, rtol=1e-4)
+    torch.testing.assert_close(torch.tensor(got["kv"]), torch.tensor(want["kv"]), atol=5e-2, rtol=1e-4)
+
+
+@pytest.mark.parametrize("fraction", blend_scenario.FRACTIONS)
+def test_sdpa_blend_equals_the_recorded_outputs(sdpa_runner, encode, reference, fraction):
+    assert_matches(blend_scenario.run(sdpa_runner, encode, fraction), reference[str(fraction)])
+
+
+def test_kernels_blend_equals_the_recorded_outputs(embedded_model_dir, encode, reference):
+    pytest.importorskip("triton")
+    runner = blend_scenario.runner(embedded_model_dir, "triton")
+    fraction = blend_scenario.FRACTIONS[1]            # a share that recomputes some reused tokens, not all
+    assert_matches(blend_scenario.run(runner, encode, fraction), reference[str(fraction)])
