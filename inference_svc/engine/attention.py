@@ -11,7 +11,10 @@ contiguous. ``AttentionMetadata`` is built once per step and shared by every lay
   same sequence so no garbage ever enters the softmax, even masked);
 - each prefill chunk is attended on its own: a chunk at ``start_pos == 0`` uses its fresh
   K/V with ``is_causal=True``; a chunk at ``start_pos > 0`` gathers positions
-  ``[0, start_pos + len)`` from the cache with a causal mask shifted by ``start_pos``.
+  ``[0, start_pos + len)`` from the cache with a causal mask shifted by ``start_pos``; a span of
+  rows at gapped positions (a blend's) likewise, each row seeing the positions up to its own.
+
+``SdpaAttention`` is the CPU's ``BatchAttention`` (batch_attention.py) over these.
 """
 
 from __future__ import annotations
@@ -21,6 +24,8 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+
+from inference_svc.engine.batch_attention import Batch, ChunkInput, Span, span_of
 
 
 @dataclass(frozen=True)
@@ -44,7 +49,6 @@ class AttentionMetadata:
 
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
                v_cache: torch.Tensor) -> torch.Tensor:
-        """The SDPA path (``paged_attention``); the Triton path's metadata has the same method (paged_batch)."""
         return paged_attention(q, k, v, k_cache, v_cache, self)
 
 
@@ -60,30 +64,32 @@ def _additive(allowed: torch.Tensor, dtype: torch.dtype, device: torch.device) -
     return mask.to(device)
 
 
-def build_metadata(
-    spans: Sequence[tuple[int, int, Sequence[int]]],
-    block_size: int,
-    device: torch.device,
-    dtype: torch.dtype,
-) -> AttentionMetadata:
-    """Metadata for sequences ``(start_pos, num_new_tokens, block_table)`` in packed order.
+def _is_decode(span: Span) -> bool:
+    return span.contiguous and len(span.token_ids) == 1
 
-    Single-token spans must all come first (the runner orders them so). Index arithmetic
-    is done with tensor ops per sequence, never per token. ``dtype`` is the activations'.
+
+def build_metadata(spans: Sequence[Span], block_size: int, device: torch.device,
+                   dtype: torch.dtype) -> AttentionMetadata:
+    """Metadata for ``spans`` in packed order (their token ids are not read).
+
+    Single-token spans at contiguous positions (decodes) must all come first (``SdpaAttention``
+    orders them so). Index arithmetic is done with tensor ops per sequence, never per token.
+    ``dtype`` is the activations'.
     """
-    num_decodes = next((i for i, (_, length, _) in enumerate(spans) if length != 1), len(spans))
+    num_decodes = next((i for i, s in enumerate(spans) if not _is_decode(s)), len(spans))
     decodes = spans[:num_decodes]
-    if any(length == 1 for _, length, _ in spans[num_decodes:]):
+    if any(_is_decode(s) for s in spans[num_decodes:]):
         raise ValueError("single-token spans must precede multi-token spans")
     new_slots: list[torch.Tensor] = []
 
     decode_slots = decode_mask = None
     if decodes:
-        ends = [start + 1 for start, _, _ in decodes]
+        ends = [s.start + 1 for s in decodes]
         num_blocks = [-(-end // block_size) for end in ends]
         width = max(num_blocks)
         tables = torch.tensor(
-            [list(t[:n]) + [t[0]] * (width - n) for (_, _, t), n in zip(decodes, num_blocks, strict=True)],
+            [list(s.block_table[:n]) + [s.block_table[0]] * (width - n)
+             for s, n in zip(decodes, num_blocks, strict=True)],
             dtype=torch.long,
         )
         max_ctx = max(ends)
@@ -96,15 +102,18 @@ def build_metadata(
 
     prefills: list[PrefillChunk] = []
     row = num_decodes
-    for start, length, table in spans[num_decodes:]:
-        end = start + length
-        all_slots = _slots(torch.tensor(table[: -(-end // block_size)], dtype=torch.long), end, block_size)
-        new_slots.append(all_slots[start:])
-        if start == 0:
+    for s in spans[num_decodes:]:
+        length, end = len(s.token_ids), s.end
+        all_slots = _slots(torch.tensor(s.block_table[: -(-end // block_size)], dtype=torch.long), end, block_size)
+        if s.contiguous and s.start == 0:
+            new_slots.append(all_slots)
             prefills.append(PrefillChunk(row, length, 0, None, None))
-        else:
-            allowed = torch.arange(end)[None, :] <= torch.arange(start, end)[:, None]
-            prefills.append(PrefillChunk(row, length, start, all_slots.to(device), _additive(allowed, dtype, device)))
+        else:   # over cached positions: each row sees the positions up to its own
+            positions = torch.arange(s.start, end) if s.contiguous else torch.tensor(s.positions)
+            new_slots.append(all_slots[positions])
+            allowed = torch.arange(end)[None, :] <= positions[:, None]
+            prefills.append(PrefillChunk(row, length, int(positions[0]), all_slots.to(device),
+                                         _additive(allowed, dtype, device)))
         row += length
 
     return AttentionMetadata(
@@ -114,6 +123,43 @@ def build_metadata(
         decode_mask=decode_mask,
         prefills=tuple(prefills),
     )
+
+
+class SdpaAttention:
+    """The CPU's ``BatchAttention``: a step's metadata built on the host, SDPA calls per layer (``paged_attention``)."""
+
+    def __init__(self, *, block_size: int, device: torch.device, dtype: torch.dtype) -> None:
+        self.block_size, self.device, self.dtype = block_size, device, dtype
+        self.meta: AttentionMetadata | None = None
+
+    def prepare(self, chunks: Sequence[ChunkInput]) -> Batch:
+        return self.pack([span_of(c) for c in chunks])
+
+    def pack(self, spans: Sequence[Span]) -> Batch:
+        """Decodes first (attention batches them in one call), the other spans after them in their order."""
+        order = sorted(range(len(spans)), key=lambda i: not _is_decode(spans[i]))
+        ids: list[int] = []
+        starts = [0] * len(spans)
+        positions = []
+        for i in order:
+            s = spans[i]
+            starts[i] = len(ids)
+            ids.extend(s.token_ids)
+            positions.append(torch.arange(s.start, s.start + len(s.token_ids)) if s.contiguous
+                             else torch.tensor(s.positions))
+        rows = [starts[i] + len(s.token_ids) - s.num_logits + j
+                for i, s in enumerate(spans) for j in range(s.num_logits)]
+        self.meta = build_metadata([spans[i] for i in order], self.block_size, self.device, self.dtype)
+        return Batch(torch.tensor(ids, dtype=torch.long).to(self.device), torch.cat(positions).to(self.device),
+                     torch.tensor(rows, dtype=torch.long, device=self.device), self, tuple(starts))
+
+    def narrow(self, layer: int, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
+               v_cache: torch.Tensor) -> torch.Tensor | None:
+        return None
+
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
+               v_cache: torch.Tensor) -> torch.Tensor:
+        return paged_attention(q, k, v, k_cache, v_cache, self.meta)
 
 
 def paged_attention(
@@ -164,26 +210,3 @@ def paged_attention(
         )
         out[rows] = op[0].transpose(0, 1)
     return out.view(t, num_heads * head_dim)
-
-
-def attend_rows(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, ctx_slots: torch.Tensor,
-                positions: torch.Tensor) -> torch.Tensor:
-    """Attend a sequence's query rows (any subset of its positions, a blend's recomputed tokens) over its
-    cached K/V; returns ``[rows, heads * D]``.
-
-    ``q`` is ``[heads, rows, D]`` at ``positions`` ``[rows]``; ``ctx_slots`` are the cache slots of positions
-    ``[0, end)``; row ``i`` sees positions ``<= positions[i]``.
-    """
-    num_heads, rows, head_dim = q.shape
-    end = ctx_slots.shape[0]
-    kp = k_cache.index_select(0, ctx_slots).transpose(0, 1)
-    vp = v_cache.index_select(0, ctx_slots).transpose(0, 1)
-    gqa = num_heads != kp.shape[0]
-    if gqa and q.device.type == "cuda":   # CUDA's masked kernel lacks GQA: repeat K/V
-        group = num_heads // kp.shape[0]
-        kp, vp, gqa = kp.repeat_interleave(group, 0), vp.repeat_interleave(group, 0), False
-    allowed = torch.arange(end, device=positions.device)[None, :] <= positions[:, None]
-    mask = torch.zeros(allowed.shape, dtype=q.dtype, device=q.device).masked_fill_(~allowed.to(q.device),
-                                                                                  float("-inf"))
-    out = F.scaled_dot_product_attention(q[None], kp[None], vp[None], attn_mask=mask, enable_gqa=gqa)
-    return out[0].transpose(0, 1).reshape(rows, num_heads * head_dim)

@@ -13,21 +13,36 @@ context length never seen before replays the same graph. The buckets share one m
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 
-from inference_svc.engine.paged_batch import BatchBuilder, Layout, Span
+from inference_svc.engine.batch_attention import Batch, Forward, Span
+from inference_svc.engine.paged_batch import KernelAttention, Layout
 
 DEFAULT_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
 
-Forward = Callable[[dict[str, torch.Tensor], object], torch.Tensor]   # (fields, metadata) -> logits [rows, vocab]
+
+@dataclass(frozen=True)
+class GraphBatch(Batch):
+    """A step packed into a bucket's buffer: ``run`` replays the bucket's graph."""
+
+    graph: torch.cuda.CUDAGraph | None = None
+    logits: torch.Tensor | None = None
+
+    def run(self, forward: Forward) -> torch.Tensor:
+        self.graph.replay()
+        return self.logits
 
 
 class DecodeGraphs:
-    def __init__(self, builder: BatchBuilder, forward: Forward, *, width: int,
+    """The ``Graphs`` of a ``KernelAttention`` (paged_batch.py) on CUDA."""
+
+    def __init__(self, attention: KernelAttention, forward: Forward, *, width: int,
                  buckets: Sequence[int] = DEFAULT_BUCKETS) -> None:
-        self.builder = builder
+        self.attention = attention
+        self.builder = attention.builder
         self.width = width
         self.buckets = tuple(sorted(set(buckets)))
         self._graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor, torch.Tensor, int]] = {}
@@ -46,13 +61,13 @@ class DecodeGraphs:
             layout = self._layout(size)
             host, _, block_q = self.builder.pack([], layout)
             buffer = torch.empty(layout.numel, dtype=torch.int32, device=self.builder.device)
-            fields, meta = self.builder.to_device(host, layout, block_q, into=buffer)
+            batch = self.attention.batch(*self.builder.to_device(host, layout, block_q, into=buffer))
             with torch.cuda.stream(stream):
-                forward(fields, meta)                   # compile and warm up outside the capture
+                forward(batch)                          # compile and warm up outside the capture
             torch.cuda.current_stream().wait_stream(stream)
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, pool=pool, stream=stream):
-                logits = forward(fields, meta)
+                logits = forward(batch)
             self._graphs[size] = (graph, buffer, logits, block_q)
         torch.cuda.synchronize()
 
@@ -64,15 +79,15 @@ class DecodeGraphs:
         """Decodes only, one logits row each, within the largest bucket and the captured table width."""
         bs = self.builder.block_size
         return (0 < len(spans) <= self.max_batch
-                and all(len(s.token_ids) == 1 and s.num_logits == 1 for s in spans)
+                and all(s.contiguous and len(s.token_ids) == 1 and s.num_logits == 1 for s in spans)
                 and all(-(-(s.start + 1) // bs) <= self.width for s in spans))
 
-    def run(self, spans: Sequence[Span]) -> torch.Tensor:
-        """Logits ``[len(spans), vocab]`` of one decode step, by replaying the smallest bucket that fits."""
+    def batch(self, spans: Sequence[Span]) -> Batch:
+        """One decode step packed into the smallest bucket that holds it; its ``run`` replays the graph."""
         size = next(b for b in self.buckets if b >= len(spans))
         graph, buffer, logits, block_q = self._graphs[size]
         host, layout, _ = self.builder.pack(spans, self._layout(size))
-        self.builder.to_device(host, layout, block_q, into=buffer)
-        graph.replay()
+        fields, _ = self.builder.to_device(host, layout, block_q, into=buffer)
         self.replays += 1
-        return logits[:len(spans)]
+        return GraphBatch(fields["input_ids"], fields["positions"], fields["logit_rows"], self.attention,
+                          graph=graph, logits=logits[:len(spans)])

@@ -11,7 +11,9 @@ by two launches per layer:
   of one sequence; its rows are (token, query head of the KV head's group), so grouped-query heads
   share every K/V load and a decode is a tile of one token. Keys are walked ``BLOCK_N`` at a time,
   each key's slot looked up in the block table, with an online softmax in fp32; a query at position
-  p sees the keys at positions <= p (causal inside a chunk, everything before it cached).
+  p sees the keys at positions <= p (causal inside a chunk, everything before it cached). Each
+  query's position is read from the batch, so a sequence's queries may sit at gapped positions (a
+  blend's recomputed tokens among reused ones), ascending.
 
 Nothing here depends on a context length: lengths and tables are tensors the kernel reads, so a
 step at a new length reuses the compiled kernel (no per-shape plan). Compiled variants differ only
@@ -73,7 +75,7 @@ def _store_kv_kernel(k_ptr, v_ptr, k_cache_ptr, v_cache_ptr, slot_ptr,
 @triton.jit(do_not_specialize=["stride_bt"])   # the table's width changes per step: one variant for all
 def _paged_attention_kernel(
     q_ptr, k_cache_ptr, v_cache_ptr, out_ptr,
-    block_table_ptr, seq_q_start_ptr, seq_q_len_ptr, seq_ctx_start_ptr, tile_seq_ptr, tile_off_ptr,
+    block_table_ptr, positions_ptr, seq_q_start_ptr, seq_q_len_ptr, tile_seq_ptr, tile_off_ptr,
     scale,
     stride_qh, stride_qt, stride_cs, stride_ch, stride_ot, stride_oh, stride_bt,
     GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_N: tl.constexpr,
@@ -85,7 +87,6 @@ def _paged_attention_kernel(
     q_off = tl.load(tile_off_ptr + tile)           # first query of this tile, within its sequence
     q_start = tl.load(seq_q_start_ptr + seq).to(tl.int64)   # its sequence's first row in the packed batch
     q_len = tl.load(seq_q_len_ptr + seq)
-    ctx_start = tl.load(seq_ctx_start_ptr + seq)   # position of the sequence's first new token
 
     rows = tl.arange(0, BLOCK_Q * GROUP_PAD)
     tok = q_off + rows // GROUP_PAD
@@ -94,13 +95,13 @@ def _paged_attention_kernel(
     d = tl.arange(0, HEAD_DIM)
     q = tl.load(q_ptr + head[:, None] * stride_qh + (q_start + tok)[:, None] * stride_qt + d[None, :],
                 mask=row_ok[:, None], other=0.0)
-    pos = ctx_start + tok                          # each row's position: it sees keys at <= pos
+    pos = tl.load(positions_ptr + q_start + tok, mask=row_ok, other=0)   # each row sees keys at <= pos
 
     m_i = tl.full([BLOCK_Q * GROUP_PAD], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_Q * GROUP_PAD], tl.float32)
     acc = tl.zeros([BLOCK_Q * GROUP_PAD, HEAD_DIM], tl.float32)
-    last = tl.minimum(q_off + BLOCK_Q, q_len) - 1  # the tile's last query token
-    num_keys = tl.where(q_len > q_off, ctx_start + last + 1, 0)
+    last = tl.maximum(tl.minimum(q_off + BLOCK_Q, q_len) - 1, 0)   # the tile's last query token (ascending)
+    num_keys = tl.where(q_len > q_off, tl.load(positions_ptr + q_start + last) + 1, 0)
     for n0 in range(0, num_keys, BLOCK_N):
         n = n0 + tl.arange(0, BLOCK_N)
         key_ok = n < num_keys
@@ -149,13 +150,13 @@ def store_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: t
 
 
 def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, out: torch.Tensor, *,
-                    block_tables: torch.Tensor, seq_q_start: torch.Tensor, seq_q_len: torch.Tensor,
-                    seq_ctx_start: torch.Tensor, tile_seq: torch.Tensor, tile_off: torch.Tensor,
+                    block_tables: torch.Tensor, positions: torch.Tensor, seq_q_start: torch.Tensor,
+                    seq_q_len: torch.Tensor, tile_seq: torch.Tensor, tile_off: torch.Tensor,
                     block_q: int, page_size: int) -> torch.Tensor:
     """Attend ``q`` ``[heads, T, D]`` over the paged cache into ``out`` ``[T, heads, D]``.
 
-    Sequence ``i`` owns rows ``[seq_q_start[i], + seq_q_len[i])`` at positions from
-    ``seq_ctx_start[i]``, and its cached K/V through ``block_tables[i]``; tile ``j`` covers queries
+    Sequence ``i`` owns rows ``[seq_q_start[i], + seq_q_len[i])`` at ``positions`` (ascending within
+    it), and its cached K/V through ``block_tables[i]``; tile ``j`` covers queries
     ``[tile_off[j], + block_q)`` of sequence ``tile_seq[j]``. ``k_cache``/``v_cache`` are
     ``[slots, kv_heads, D]`` and already hold the new tokens' K/V.
     """
@@ -164,7 +165,7 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     grid = (tile_seq.shape[0], num_kv_heads)
     rows = block_q * group_pad(num_heads, num_kv_heads)
     _paged_attention_kernel[grid](
-        q, k_cache, v_cache, out, block_tables, seq_q_start, seq_q_len, seq_ctx_start, tile_seq, tile_off,
+        q, k_cache, v_cache, out, block_tables, positions, seq_q_start, seq_q_len, tile_seq, tile_off,
         head_dim ** -0.5,
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), out.stride(0), out.stride(1),
         block_tables.stride(0),

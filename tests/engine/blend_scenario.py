@@ -54,17 +54,23 @@ def _top(logits: torch.Tensor) -> list[dict]:
     return [dict(ids=i.tolist(), values=v.tolist()) for i, v in zip(indices, values, strict=True)]
 
 
-def run(model: ModelRunner, encode, fraction: float) -> dict:
-    """The scenario at one recompute share, on a runner whose pools it zeroes first."""
-    for pool in (model.kv_cache.device_pool, model.kv_cache.cpu_pool):
+def run(model: ModelRunner, encode, fraction: float, *, filled_by: ModelRunner | None = None,
+        decodes: int = DECODES) -> dict:
+    """The scenario at one recompute share, on a runner whose pools it zeroes first. With ``filled_by``,
+    that runner computes the first step (no blend in it) and ``model`` starts from a copy of its pools."""
+    filler = filled_by or model
+    for pool in (filler.kv_cache.device_pool, filler.kv_cache.cpu_pool):
         pool.zero_()
     head_a, head_b, suffix, plain = encode(HEAD_A), encode(HEAD_B), encode(SUFFIX), encode(PLAIN)
     docs = [encode(d) for d in DOCS]
     at = [len(head_a), len(head_a) + len(docs[0]), len(head_a) + len(docs[0]) + len(docs[1])]
     seq_a = head_a + docs[0] + docs[1] + docs[2]
     ta = _table(0, len(seq_a) + 16)
-    model.execute([ChunkInput(seq_a, 0, ta, True), ChunkInput(head_b, 0, _table(64, 200), False)])
-    model.swap_out([(block, i) for i, block in enumerate(ta)])           # the same passages on the CPU
+    filler.execute([ChunkInput(seq_a, 0, ta, True), ChunkInput(head_b, 0, _table(64, 200), False)])
+    filler.swap_out([(block, i) for i, block in enumerate(ta)])          # the same passages on the CPU
+    if filler is not model:
+        model.kv_cache.device_pool.copy_(filler.kv_cache.device_pool)
+        model.kv_cache.cpu_pool.copy_(filler.kv_cache.cpu_pool)
     cpu_blocks = tuple(range(len(ta)))
 
     def span(start: int, doc: int, on_cpu: bool = False) -> ReusedSpan:
@@ -92,7 +98,7 @@ def run(model: ModelRunner, encode, fraction: float) -> dict:
     ends = {"q": (tq, len(q_ids)), "a": (ta, len(seq_a) + 1), "s": (ts, len(plain)), "r": (tr, r_start + len(r_ids))}
     last = {"q": logits[1], "a": logits[2], "s": logits[3], "r": logits[4]}
     tokens: dict[str, list[int]] = {name: [] for name in ends}
-    for _ in range(DECODES):
+    for _ in range(decodes):
         step = []
         for name, (table, end) in ends.items():
             token = int(last[name].argmax())

@@ -1,9 +1,11 @@
-"""The Triton paged-attention kernels against the SDPA path, on random paged layouts.
+"""The kernels' BatchAttention (the Triton paged-attention kernels) against the SDPA one, on random
+paged layouts, and both against attention computed from scratch for rows at gapped positions (a blend's).
 
 On this CPU the kernels run in Triton's interpreter (the engine package sets TRITON_INTERPRET=1 when
 there is no CUDA device); on a CUDA machine the same tests run the compiled kernels. Layouts: blocks
 shuffled over the pool, grouped-query heads (including a group that is not a power of two), partial
-last blocks, and decodes mixed with prefill chunks over cached prefixes in one batch.
+last blocks, decodes mixed with prefill chunks over cached prefixes in one batch, and spans of rows
+at gapped positions beside them.
 """
 
 from __future__ import annotations
@@ -15,8 +17,11 @@ import torch
 
 pytest.importorskip("triton")
 
-from inference_svc.engine.attention import build_metadata
-from inference_svc.engine.paged_batch import BatchBuilder, Layout, Span
+import torch.nn.functional as F
+
+from inference_svc.engine.attention import SdpaAttention
+from inference_svc.engine.batch_attention import Span
+from inference_svc.engine.paged_batch import BatchBuilder, KernelAttention, Layout
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 BLOCK = 16
@@ -41,26 +46,35 @@ def _caches(num_blocks: int, kv_heads: int, head_dim: int, dtype: torch.dtype, s
     return k.to(DEVICE), v.to(DEVICE)
 
 
+def _sdpa(dtype=torch.float32) -> SdpaAttention:
+    return SdpaAttention(block_size=BLOCK, device=DEVICE, dtype=dtype)
+
+
+def _kernels(heads: int, kv_heads: int) -> KernelAttention:
+    return KernelAttention(block_size=BLOCK, num_heads=heads, num_kv_heads=kv_heads, device=DEVICE)
+
+
+def _qkv(t, heads, kv_heads, head_dim, dtype, seed):
+    gen = torch.Generator().manual_seed(seed + 1)
+    return tuple(torch.randn(n, t, head_dim, generator=gen).to(dtype).to(DEVICE) for n in (heads, kv_heads, kv_heads))
+
+
 def _run_both(lengths, heads, kv_heads, head_dim=32, dtype=torch.float32, seed=0):
     rng = random.Random(seed)
     num_blocks = sum(-(-(s + n) // BLOCK) for s, n in lengths) + 5
     spans = _layout(rng, lengths, num_blocks)
-    t = sum(n for _, n, _ in spans)
-    gen = torch.Generator().manual_seed(seed + 1)
-    q = torch.randn(heads, t, head_dim, generator=gen).to(dtype).to(DEVICE)
-    k = torch.randn(kv_heads, t, head_dim, generator=gen).to(dtype).to(DEVICE)
-    v = torch.randn(kv_heads, t, head_dim, generator=gen).to(dtype).to(DEVICE)
+    q, k, v = _qkv(sum(n for _, n, _ in spans), heads, kv_heads, head_dim, dtype, seed)
 
     kc_ref, vc_ref = _caches(num_blocks, kv_heads, head_dim, dtype, seed)
     kc, vc = kc_ref.clone(), vc_ref.clone()
-    meta = build_metadata(spans, BLOCK, DEVICE, dtype)   # the SDPA path wants decodes first: lengths do so
-    ref = meta.attend(q, k, v, kc_ref, vc_ref)
+    batch = [Span([0] * n, s, table, 0) for s, n, table in spans]   # decodes first: SDPA keeps the rows in order
+    sdpa = _sdpa(dtype)
+    sdpa.pack(batch)
+    ref = sdpa.attend(q, k, v, kc_ref, vc_ref)
 
-    builder = BatchBuilder(block_size=BLOCK, num_heads=heads, num_kv_heads=kv_heads, device=DEVICE)
-    batch = [Span([0] * n, s, table, 0) for s, n, table in spans]
-    host, layout, bq = builder.pack(batch)
-    _, kmeta = builder.to_device(host, layout, bq)
-    out = kmeta.attend(q, k, v, kc, vc)
+    kernels = _kernels(heads, kv_heads)
+    kernels.pack(batch)
+    out = kernels.attend(q, k, v, kc, vc)
     return ref, out, (kc_ref, vc_ref), (kc, vc)
 
 
@@ -94,18 +108,20 @@ def test_padding_rows_of_a_fixed_layout_read_and_write_nothing():
     spans = [Span([1], 20, [3, 5], 1)]
     layout = Layout(tokens=4, seqs=4, tiles=4, width=6, rows=4)
     host, layout, bq = builder.pack(spans, layout)
-    _, meta = builder.to_device(host, layout, bq)
+    kernels = _kernels(heads, kv_heads)
+    kernels.batch(*builder.to_device(host, layout, bq))
     q = torch.randn(heads, 4, head_dim, device=DEVICE)
     k = torch.randn(kv_heads, 4, head_dim, device=DEVICE)
     v = torch.randn(kv_heads, 4, head_dim, device=DEVICE)
-    out = meta.attend(q, k, v, kc, vc)
+    out = kernels.attend(q, k, v, kc, vc)
     changed = (kc != before[0]).any(dim=(1, 2)).nonzero().view(-1).tolist()
     assert changed == [5 * BLOCK + 4]                      # only position 20's slot, in block 5
     assert torch.isfinite(out[0]).all()
 
-    ref_meta = build_metadata([(20, 1, [3, 5])], BLOCK, DEVICE, torch.float32)
+    sdpa = _sdpa()
+    sdpa.pack(spans)
     kr, vr = before[0].clone(), before[1].clone()
-    ref = ref_meta.attend(q[:, :1], k[:, :1], v[:, :1], kr, vr)
+    ref = sdpa.attend(q[:, :1], k[:, :1], v[:, :1], kr, vr)
     torch.testing.assert_close(out[:1], ref, atol=2e-5, rtol=2e-5)
 
 
@@ -121,3 +137,47 @@ def test_logit_rows_and_layout_fields():
     assert f["logit_rows"].tolist() == [0, 2, 3]           # the decode's row, the chunk's last two
     assert f["seq_q_start"].tolist() == [0, 1, 4]
     assert f["block_tables"][0].tolist() == [4, 1, 9]
+
+
+def _from_scratch(q, kc, vc, spans, rows):
+    """Each span's rows attended over its cached K/V up to each row's own position (the cache already
+    holds the new K/V), one SDPA call per row: ``[T, heads * D]``."""
+    heads, _, head_dim = q.shape
+    out = []
+    for s, first in zip(spans, rows, strict=True):
+        table = torch.tensor(s.block_table)
+        positions = s.positions if s.positions is not None else range(s.start, s.start + len(s.token_ids))
+        for j, p in enumerate(positions):
+            slots = table[torch.arange(p + 1) // BLOCK] * BLOCK + torch.arange(p + 1) % BLOCK
+            keys, values = kc[slots.to(DEVICE)].transpose(0, 1), vc[slots.to(DEVICE)].transpose(0, 1)
+            group = heads // keys.shape[0]
+            o = F.scaled_dot_product_attention(q[:, first + j:first + j + 1], keys.repeat_interleave(group, 0),
+                                               values.repeat_interleave(group, 0))
+            out.append(o.transpose(0, 1).reshape(1, heads * head_dim))
+    return torch.cat(out)
+
+
+@pytest.mark.parametrize("implementation", ["sdpa", "kernels"])
+def test_rows_at_gapped_positions_match_attention_from_scratch(implementation):
+    """A blend's rows (gapped positions, runs of one and of several, a run from position 0) beside a
+    decode and a plain chunk: each row sees every cached position up to its own."""
+    heads, kv_heads, head_dim = 6, 2, 32
+    num_blocks = 24
+    free = list(range(num_blocks))
+    random.Random(4).shuffle(free)
+    spans = [Span([0], 40, free[0:3], 1),
+             Span([0] * 7, 0, free[3:9], 2, positions=[0, 1, 2, 17, 30, 31, 80]),
+             Span([0] * 20, 33, free[9:13], 1),
+             Span([0] * 3, 50, free[13:17], 0, positions=[50, 52, 60])]
+    t = sum(len(s.token_ids) for s in spans)
+    q, k, v = _qkv(t, heads, kv_heads, head_dim, torch.float32, 9)
+    kc, vc = _caches(num_blocks, kv_heads, head_dim, torch.float32, 9)
+    attention = _sdpa() if implementation == "sdpa" else _kernels(heads, kv_heads)
+    batch = attention.pack(spans)
+    out = attention.attend(q, k, v, kc, vc)
+    assert batch.logit_rows.tolist() == [batch.starts[0], batch.starts[1] + 5, batch.starts[1] + 6,
+                                         batch.starts[2] + 19]
+    # the rows are packed in the order of batch.starts; the reference reads the same rows
+    order = sorted(range(len(spans)), key=batch.starts.__getitem__)
+    ref = _from_scratch(q, kc, vc, [spans[i] for i in order], [batch.starts[i] for i in order])
+    torch.testing.assert_close(out, ref, atol=2e-5, rtol=2e-5)

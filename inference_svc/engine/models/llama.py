@@ -6,8 +6,9 @@ and their attention scaling come from transformers' own RoPE init functions, so 
 scaling variant (linear, dynamic, llama3, yarn, ...) matches Hugging Face exactly.
 
 The forward pass takes the tokens of several sequences concatenated (``[T]`` ids and
-positions) and returns hidden states ``[T, hidden]``; ``compute_logits`` applies the final
-norm and the LM head only to the rows the caller asks for.
+positions) and the step's ``BatchAttention`` (batch_attention.py), which every layer calls, and
+returns hidden states ``[T, hidden]``; ``compute_logits`` applies the final norm and the LM head
+only to the rows the caller asks for.
 """
 
 from __future__ import annotations
@@ -22,8 +23,7 @@ import torch.nn.functional as F
 from safetensors import safe_open
 from torch import nn
 
-from inference_svc.engine.attention import AttentionMetadata, attend_rows
-from inference_svc.engine.blend import CHECK_LAYER, select_rows
+from inference_svc.engine.batch_attention import BatchAttention
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
 SUPPORTED_ROPE_TYPES = ("linear", "dynamic", "llama3", "yarn")  # besides "default"
@@ -245,20 +245,12 @@ class Attention(nn.Module):
         self.qkv_proj = nn.Linear(config.hidden_size, q_size + 2 * kv_size, bias=config.qkv_bias)
         self.o_proj = nn.Linear(q_size, config.hidden_size, bias=config.o_bias)
 
-    def forward(
-        self,
-        x: torch.Tensor,
-        cos: torch.Tensor,
-        sin: torch.Tensor,
-        meta: AttentionMetadata,
-        kv: tuple[torch.Tensor, torch.Tensor],
-    ) -> torch.Tensor:
+    def project(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """``q`` ``[heads, T, D]`` and ``k``, ``v`` ``[kv_heads, T, D]`` (rotated, each head's rows dense)."""
         h, hkv = self.num_heads, self.num_kv_heads
         qkv = self.qkv_proj(x).view(x.shape[0], h + 2 * hkv, self.head_dim).transpose(0, 1)  # [heads, T, D]
         qk = apply_rotary(qkv[: h + hkv], cos, sin)
-        v = qkv[h + hkv :].contiguous()
-        out = meta.attend(qk[:h], qk[h:], v, kv[0], kv[1])   # SDPA (attention.py) or kernels (paged_batch.py)
-        return self.o_proj(out)
+        return qk[:h], qk[h:], qkv[h + hkv :].contiguous()
 
 
 class MLP(nn.Module):
@@ -280,16 +272,15 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.mlp = MLP(config)
 
-    def forward(
-        self,
-        x: torch.Tensor,
-        cos: torch.Tensor,
-        sin: torch.Tensor,
-        meta: AttentionMetadata,
-        kv: tuple[torch.Tensor, torch.Tensor],
-    ) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, meta, kv)
-        return x + self.mlp(self.post_attention_layernorm(x))
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attention: BatchAttention,
+                kv: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, ...]:
+        """``(x, cos, sin)`` of the rows that went through the layer (``attention.narrow`` may drop rows)."""
+        q, k, v = self.self_attn.project(self.input_layernorm(x), cos, sin)
+        keep = attention.narrow(self.self_attn.layer_idx, k, v, kv[0], kv[1])
+        if keep is not None:   # blend: only these rows go on
+            x, cos, sin, q, k, v = x[keep], cos[keep], sin[keep], q[:, keep], k[:, keep], v[:, keep]
+        x = x + self.self_attn.o_proj(attention.attend(q, k, v, kv[0], kv[1]))
+        return x + self.mlp(self.post_attention_layernorm(x)), cos, sin
 
 
 class LlamaForCausalLM(nn.Module):
@@ -306,60 +297,16 @@ class LlamaForCausalLM(nn.Module):
         self,
         input_ids: torch.Tensor,
         positions: torch.Tensor,
-        meta: AttentionMetadata,
+        attention: BatchAttention,
         kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
     ) -> torch.Tensor:
-        """Hidden states ``[T, hidden]`` (before the final norm) of the packed tokens."""
+        """Hidden states (before the final norm) of the packed tokens ``[T]`` that went through every layer
+        (all of them, unless a blend's ``narrow`` dropped some)."""
         x = self.embed_tokens(input_ids)
         cos, sin = self.rotary(positions, x.dtype)
         for layer, kv in zip(self.layers, kv_caches, strict=True):
-            x = layer(x, cos, sin, meta, kv)
+            x, cos, sin = layer(x, cos, sin, attention, kv)
         return x
-
-    def forward_blend(
-        self,
-        input_ids: torch.Tensor,
-        positions: torch.Tensor,
-        ctx_slots: torch.Tensor,
-        new_slots: torch.Tensor,
-        reused: torch.Tensor,
-        keep: torch.Tensor,
-        num_recompute: int,
-        kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """One sequence's chunk whose `reused` rows already hold cached KV in their slots (blend.py).
-
-        ``input_ids``/``positions``/``new_slots``/``reused``/``keep`` are per row ``[n]``; ``ctx_slots`` are
-        the slots of positions ``[0, end)``. Every row runs through layers up to ``CHECK_LAYER``; there
-        the rows that go on are the ones not reused, the ``keep`` rows and the ``num_recompute`` reused
-        rows whose fresh K/V deviate most from the cached; the others keep their cached KV from then
-        on. With ``num_recompute`` 0 the reused rows are skipped from the start. Returns (hidden states
-        of the rows that went through every layer, their row indices).
-        """
-        must = ~reused | keep
-        rows = torch.arange(input_ids.shape[0], device=input_ids.device)
-        if num_recompute == 0:
-            rows = rows[must]
-        x = self.embed_tokens(input_ids[rows])
-        check = min(CHECK_LAYER, len(self.layers) - 1)
-        for index, (layer, kv) in enumerate(zip(self.layers, kv_caches, strict=True)):
-            attn = layer.self_attn
-            h, hkv = attn.num_heads, attn.num_kv_heads
-            cos, sin = self.rotary(positions[rows], x.dtype)
-            qkv = attn.qkv_proj(layer.input_layernorm(x)).view(x.shape[0], h + 2 * hkv, attn.head_dim).transpose(0, 1)
-            qk = apply_rotary(qkv[: h + hkv], cos, sin)
-            q, k, v = qk[:h], qk[h:], qkv[h + hkv:]
-            if index == check and num_recompute and rows.shape[0] > int(must[rows].sum()):
-                slots = new_slots[rows]
-                deviation = ((k.transpose(0, 1).float() - kv[0].index_select(0, slots).float()) ** 2).sum((1, 2))
-                deviation += ((v.transpose(0, 1).float() - kv[1].index_select(0, slots).float()) ** 2).sum((1, 2))
-                sub = select_rows(deviation, must[rows], num_recompute)
-                rows, x, q, k, v = rows[sub], x[sub], q[:, sub], k[:, sub], v[:, sub]
-            kv[0].index_copy_(0, new_slots[rows], k.transpose(0, 1))
-            kv[1].index_copy_(0, new_slots[rows], v.transpose(0, 1))
-            x = x + attn.o_proj(attend_rows(q.contiguous(), kv[0], kv[1], ctx_slots, positions[rows]))
-            x = x + layer.mlp(layer.post_attention_layernorm(x))
-        return x, rows
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Final norm and LM head over the given rows; float32 ``[n, vocab]``."""
