@@ -10,6 +10,9 @@ import json
 import pytest
 import torch
 
+from inference_svc.engine.blend import rotate_keys, token_slots
+from inference_svc.engine.chunk_store import ChunkReuse, ReusedSpan
+from inference_svc.engine.model_runner import ChunkInput
 from tests.engine import blend_scenario
 
 
@@ -49,3 +52,23 @@ def test_kernels_blend_equals_the_recorded_outputs(embedded_model_dir, sdpa_runn
     fraction = blend_scenario.FRACTIONS[1]            # a share that recomputes some reused tokens, not all
     got = blend_scenario.run(runner, encode, fraction, filled_by=sdpa_runner, decodes=2)
     assert_matches(got, reference[str(fraction)])
+
+
+def test_a_chunk_of_reused_tokens_only_is_loaded_and_computes_no_row(sdpa_runner, encode):
+    """Recompute share 0, no logits wanted: the chunk's KV is the cached passage's, re-rotated, and the
+    step beside it (a decode) gives the logits it gives alone."""
+    runner, bs = sdpa_runner, blend_scenario.BLOCK
+    head, doc = encode(blend_scenario.HEAD_A), encode(blend_scenario.DOCS[0])
+    cached, moved = list(range(0, 8)), list(range(8, 16))
+    runner.execute([ChunkInput(head + doc, 0, cached, False), ChunkInput(doc[:3], 0, moved, False)])
+    alone = runner.execute([ChunkInput([42], len(head) + len(doc), cached, True)])
+    span = ReusedSpan(3, len(doc) - 3, tuple(cached), False, len(head) + 3, 0)
+    reuse = ChunkReuse((span,), (), 0.0)
+    both = runner.execute([ChunkInput(doc[3:], 3, moved, False, reuse=reuse),
+                           ChunkInput([42], len(head) + len(doc), cached, True)])
+    torch.testing.assert_close(both, alone, atol=1e-4, rtol=1e-4)
+    keys = runner.kv_cache.layers[5][0]
+    got = keys[token_slots(moved, 3, len(doc) - 3, bs)]
+    want = rotate_keys(keys[token_slots(cached, len(head) + 3, len(doc) - 3, bs)], -len(head),
+                       runner.model.rotary.inv_freq)
+    torch.testing.assert_close(got, want, atol=0, rtol=0)
