@@ -42,7 +42,7 @@ from inference_svc.engine.options import (
     DEFAULT_SPECULATIVE_SHARE,
     DEFAULT_TOKEN_BUDGET,
 )
-from inference_svc.engine.output_text import OutputText
+from inference_svc.engine.output_text import OutputText, finish_reason
 from inference_svc.engine.policies import make_policy
 from inference_svc.engine.request import FinishReason, Request, RequestState, SchedClass, Segment
 from inference_svc.engine.sampler import RequestSampler, SamplingParams
@@ -122,6 +122,20 @@ class EngineConfig:
     # measure each step's kernel launches and host syncs into StepStats (device_calls.py; slow: benchmarks)
     count_device_calls: bool = False
 
+    def __post_init__(self) -> None:
+        if self.chunk_store_fill not in CHUNK_STORE_FILL_CHOICES:
+            raise ValueError(f"chunk_store_fill must be one of {', '.join(CHUNK_STORE_FILL_CHOICES)}, "
+                             f"got {self.chunk_store_fill!r}")
+
+    def scheduler_config(self) -> SchedulerConfig:
+        return SchedulerConfig(self.token_budget, self.max_running, self.eviction, self.speculative_share,
+                               self.speculative_reserve_share, self.speculative_append_share,
+                               fill_chunks_from_exact=self.chunk_store_fill == "all")
+
+    def kv_manager(self) -> KVCacheManager:
+        return KVCacheManager(self.num_device_blocks, self.num_cpu_blocks, self.block_size, self.enable_prefix_cache,
+                              self.chunk_device_blocks, spill_chunks=self.eviction != "recompute")
+
 
 @dataclass
 class EngineCounters:
@@ -151,18 +165,7 @@ class Engine:
         self.max_model_len = min(config.max_model_len or model_len, model_len)
         self.cost_model = cost_model or CostModel.builtin()
         self.policy = make_policy(config.policy, **config.policy_options)
-        if config.chunk_store_fill not in CHUNK_STORE_FILL_CHOICES:
-            raise ValueError(f"chunk_store_fill must be one of {', '.join(CHUNK_STORE_FILL_CHOICES)}, "
-                             f"got {config.chunk_store_fill!r}")
-        self.scheduler = Scheduler(SchedulerConfig(config.token_budget, config.max_running, config.eviction,
-                                                   config.speculative_share, config.speculative_reserve_share,
-                                                   config.speculative_append_share,
-                                                   fill_chunks_from_exact=config.chunk_store_fill == "all"),
-                                   self.policy, KVCacheManager(config.num_device_blocks, config.num_cpu_blocks,
-                                                               config.block_size, config.enable_prefix_cache,
-                                                               config.chunk_device_blocks,
-                                                               spill_chunks=config.eviction != "recompute"),
-                                   self.cost_model, clock)
+        self.scheduler = Scheduler(config.scheduler_config(), self.policy, config.kv_manager(), self.cost_model, clock)
         target_ms = config.step_time_target_ms
         self.step_budget = (None if target_ms is None else
                             StepBudget.from_cost_model(self.cost_model, target_ms, config.token_budget))
@@ -218,7 +221,8 @@ class Engine:
         request = self.open(request_id, (), sampling, sched_class=sched_class)
         request.track_confidence = track_confidence
         try:
-            self.finish(request_id, [*self._token_segment(parent.prompt_token_ids[:num_tokens]), *suffix])
+            head = parent.prompt_token_ids[:num_tokens]
+            self.finish(request_id, [*([Segment(token_ids=tuple(head))] if head else []), *suffix])
         except Exception:
             self.abort(request_id)
             self.release(request_id)
@@ -228,10 +232,6 @@ class Engine:
             self.runner.copy_blocks(copies)
         return request
 
-    @staticmethod
-    def _token_segment(token_ids: list[int]) -> list[Segment]:
-        return [Segment(token_ids=tuple(token_ids))] if token_ids else []
-
     def append(self, request_id: str, segments: Sequence[Segment], arrived_at: float | None = None) -> None:
         """Add segments at the end of the context (the computed KV stays valid)."""
         request = self._open_request(request_id, "append")
@@ -240,7 +240,7 @@ class Engine:
         request.context_segments.extend(segments)
         request.context_spans += spans
         request.stats.num_appends += 1
-        self._input_arrived(request, arrived_at)
+        request.note_input(self.clock() if arrived_at is None else arrived_at)
 
     def update(self, request_id: str, segments: Sequence[Segment], arrived_at: float | None = None,
                final: bool = True) -> None:
@@ -263,7 +263,7 @@ class Engine:
             self.counters.tokens_invalidated += invalidated
             self._emit(request, EventKind.INVALIDATED, count=invalidated)
         request.stats.num_updates += 1
-        self._input_arrived(request, arrived_at)
+        request.note_input(self.clock() if arrived_at is None else arrived_at)
 
     def finish(self, request_id: str, suffix: Sequence[Segment] = (), arrived_at: float | None = None) -> None:
         """No more input: append the suffix and let the request decode."""
@@ -278,7 +278,7 @@ class Engine:
             # Everything is prefilled but the last chunk produced no logits (the context was not
             # complete then): recompute the last token. Truncating copies a shared block first.
             self._invalidate_from(request, request.num_computed_tokens - 1)
-        self._input_arrived(request, arrived_at)
+        request.note_input(self.clock() if arrived_at is None else arrived_at)
 
     def abort(self, request_id: str) -> None:
         request = self.requests.get(request_id)
@@ -366,15 +366,9 @@ class Engine:
         if first:
             request.stats.first_token_time = now
             self._emit(request, EventKind.FIRST_TOKEN)
-        params = request.sampling
         output = self._outputs[request.request_id]
-        reason = None
-        if token in params.stop_token_ids or (not params.ignore_eos and token in self.runner.eos_token_ids):
-            reason = FinishReason.STOP     # the stop token's own text is not part of the output
-        elif output.add(request.output_token_ids):
-            reason = FinishReason.STOP     # a stop string
-        elif len(request.output_token_ids) >= params.max_tokens or not self._room_to_grow(request):
-            reason = FinishReason.LENGTH
+        reason = finish_reason(output, request.output_token_ids, request.sampling, self.runner.eos_token_ids,
+                               room_to_grow=request.num_tokens + 1 <= self.max_sequence_tokens)
         self._emit(request, EventKind.TOKEN, token_id=token, text=output.take(final=reason is not None))
         if reason is not None:
             self._finish(request, reason)
@@ -383,9 +377,6 @@ class Engine:
     def max_sequence_tokens(self) -> int:
         """The longest sequence (prompt + output) this engine can hold: model context or device pool."""
         return min(self.max_model_len, self.scheduler.capacity_tokens)
-
-    def _room_to_grow(self, request: Request) -> bool:
-        return request.num_tokens + 1 <= self.max_sequence_tokens
 
     def _note_scheduling(self, out: SchedulerOutput) -> None:
         for request in out.newly_scheduled:
@@ -396,12 +387,10 @@ class Engine:
         self.counters.chunk_captures_skipped = self.scheduler.chunk_captures_skipped
         for p in out.preempted:
             swapped = p.kind is PreemptionKind.SWAP
-            kind = EventKind.PREEMPTED_SWAP if swapped else EventKind.PREEMPTED_RECOMPUTE
-            if swapped:
-                self.counters.preemptions_swap += 1
-            else:
-                self.counters.preemptions_recompute += 1
-            self._emit(p.request, kind, count=p.tokens, detail=f"{p.blocks} blocks")
+            self.counters.preemptions_swap += swapped
+            self.counters.preemptions_recompute += not swapped
+            self._emit(p.request, EventKind.PREEMPTED_SWAP if swapped else EventKind.PREEMPTED_RECOMPUTE,
+                       count=p.tokens, detail=f"{p.blocks} blocks")
 
     # --- helpers --------------------------------------------------------------------
     def _open_request(self, request_id: str, action: str) -> Request:
@@ -437,15 +426,6 @@ class Engine:
             raise PromptTooLongError(
                 f"prompt too long: {len(tokens)} tokens; the limit is {limit} (model context "
                 f"{self.max_model_len}, device pool {self.scheduler.capacity_tokens} tokens)")
-
-    def _input_arrived(self, request: Request, arrived_at: float | None) -> None:
-        """`arrived_at`: when the caller received the input (engine clock); default now. A caller
-        on another thread passes it so the wait for a running step counts towards TTFT."""
-        now = self.clock() if arrived_at is None else arrived_at
-        request.last_chunk_arrival_time = now
-        request.stats.last_input_time = now
-        if request.state is RequestState.WAITING and request.queued_since is None:
-            request.queued_since = now
 
     def _finish(self, request: Request, reason: FinishReason) -> None:
         request.state = RequestState.FINISHED
