@@ -19,9 +19,10 @@ def plain(gate: SpeculationGate, batch: int = 8, steps: int = 1) -> None:
         gate.observe(batch, 0, batch, PLAIN_MS)
 
 
-def drafted(gate: SpeculationGate, emitted: int, ms: float, batch: int = 8, steps: int = 3) -> None:
+def drafted(gate: SpeculationGate, emitted: int, ms: float, batch: int = 8, steps: int = 3, depth: int = 2) -> None:
+    """`steps` steps in which every request verified a draft of `depth` tokens."""
     for _ in range(steps):
-        gate.observe(batch, 2 * batch, emitted, ms)
+        gate.observe(batch, depth * batch, emitted, ms, drafting=batch)
 
 
 def test_drafts_that_cost_go_shallower_then_off():
@@ -30,12 +31,21 @@ def test_drafts_that_cost_go_shallower_then_off():
     plain(gate)
     caps = [gate.cap(8)]
     for _ in range(4):
-        drafted(gate, emitted=8, ms=120.0)     # the same tokens in 20% more time: 0.83x
+        drafted(gate, emitted=8, ms=120.0, depth=caps[-1] or 8)   # the same tokens in 20% more time: 0.83x
         caps.append(gate.cap(8))
     assert caps == [None, 4, 2, 1, 0]
     assert gate.cap(1) == 0, "a batch size far from 8 has no reference yet"
     plain(gate, batch=1)
     assert gate.cap(1) is None, "and its own cap"
+
+
+def test_a_cap_that_would_not_change_the_drafts_is_skipped():
+    gate = SpeculationGate(SETTINGS)
+    plain(gate)
+    drafted(gate, emitted=8, ms=120.0, depth=2)    # uncapped, the drafts were 2 deep: cap 2 changes nothing
+    assert gate.cap(8) == 1
+    drafted(gate, emitted=8, ms=120.0, depth=1)
+    assert gate.cap(8) == 0
 
 
 def test_drafts_that_pay_keep_no_cap_and_a_stale_reference_times_a_plain_step():
@@ -52,8 +62,7 @@ def test_drafts_that_pay_keep_no_cap_and_a_stale_reference_times_a_plain_step():
 def test_off_probes_after_a_while_and_comes_back_when_drafts_pay():
     gate = SpeculationGate(SETTINGS)
     plain(gate)
-    for _ in range(4):
-        drafted(gate, emitted=8, ms=120.0)
+    drafted(gate, emitted=8, ms=120.0, depth=1)   # one-token drafts that cost: off at once
     assert gate.cap(8) == 0
     plain(gate, steps=SETTINGS.probe_after - 1)
     assert gate.cap(8) == 0
@@ -69,8 +78,7 @@ def test_off_probes_after_a_while_and_comes_back_when_drafts_pay():
 def test_a_failed_probe_waits_twice_as_long_for_the_next():
     gate = SpeculationGate(SETTINGS)
     plain(gate)
-    for _ in range(4):
-        drafted(gate, emitted=8, ms=120.0)
+    drafted(gate, emitted=8, ms=120.0, depth=1)   # one-token drafts that cost: off at once
     plain(gate, steps=SETTINGS.probe_after)
     assert gate.cap(8) == 1
     drafted(gate, emitted=8, ms=120.0)         # the probe does not pay
@@ -84,9 +92,9 @@ def test_a_failed_probe_waits_twice_as_long_for_the_next():
 def test_a_cap_just_left_for_being_slow_is_not_raised_back_into():
     gate = SpeculationGate(SETTINGS)
     plain(gate)
-    drafted(gate, emitted=8, ms=120.0)         # uncapped costs
+    drafted(gate, emitted=8, ms=120.0, depth=8)    # uncapped costs
     assert gate.cap(8) == 4
-    drafted(gate, emitted=14, ms=100.0)        # 4 pays well, but "no cap" was just left
+    drafted(gate, emitted=14, ms=100.0, depth=4)   # 4 pays well, but "no cap" was just left
     assert gate.cap(8) == 4
 
 

@@ -162,7 +162,7 @@ class Speculation:
         """The gate measures a decode-only step (not one with prefill, nor one verifying fixed-depth drafts)."""
         if self.gate is None or not step.tokens or step.decode_tokens != step.tokens or self._fixed_drafted:
             return
-        self.gate.observe(step.tokens - step.draft_tokens, step.draft_tokens, step.emitted, step.ms)
+        self.gate.observe(step.tokens - step.draft_tokens, step.draft_tokens, step.emitted, step.ms, len(step.depths))
 
 
 def note_confidence(plain: Sequence[tuple[ScheduledChunk, torch.Tensor]]) -> None:

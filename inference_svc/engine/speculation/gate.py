@@ -11,9 +11,10 @@ instead of the model. Over decode-only steps it keeps
   plain step time). Their ratio is what auto drafting gains there: the decode throughput with
   drafts over the throughput without.
 
-and sets each bucket's cap on the auto depth: no cap, then 4, 2, 1, then off. After `min_samples`
-drafted steps at a cap, a gain below `floor` moves one cap shallower (off below the shallowest),
-and a gain above `raise_at` one cap deeper (not back into a cap just left for being slow, for
+and sets each bucket's cap on the auto depth: no cap, 4, 2, 1 or off. After `min_samples` drafted
+steps at a cap, a gain below `floor` moves to the deepest cap below the mean depth drafted there
+(off below the shallowest: a cap that would not change the drafts is skipped), and a gain above
+`raise_at` one cap deeper (not back into a cap just left for being slow, for
 `probe_after` steps). While off, a probe at the shallowest cap runs after `probe_after` decode
 steps, doubling after each probe that fails, so that a bucket whose drafts start paying again (a
 new workload) comes back. A plain step is forced (cap 0 for one step) when no recent one gives a
@@ -30,8 +31,8 @@ from dataclasses import dataclass
 @dataclass(frozen=True)
 class GateSettings:
     caps: tuple[int, ...] = (1, 2, 4)   # the depth caps below "no cap", shallowest first; below them: off
-    ema_weight: float = 0.2             # weight of the newest drafted step in the gain's EMAs
-    min_samples: int = 6                # drafted steps measured at a cap before it is judged
+    ema_weight: float = 0.25            # weight of the newest drafted step in the gain's EMAs
+    min_samples: int = 4                # drafted steps measured at a cap before it is judged
     floor: float = 0.99                 # a gain below it: one cap shallower
     raise_at: float = 1.10              # a gain above it: one cap deeper
     reference_age: int = 24             # decode steps after which a plain step's time is no reference
@@ -53,6 +54,8 @@ class _Bucket:
     tokens: float = 0.0                 # EMA of tokens emitted by drafted steps
     plain_tokens: float = 0.0           # EMA of tokens plain steps would have emitted in their time
     samples: int = 0
+    drafted: int = 0                    # draft tokens verified at this cap ...
+    drafting: int = 0                   # ... by this many requests' drafts
     probing: bool = False
     off_since: int = 0                  # the decode step it went off at
     probe_after: int = 0
@@ -79,9 +82,9 @@ class SpeculationGate:
             return 0
         return cap
 
-    def observe(self, batch: int, drafted: int, emitted: int, ms: float) -> None:
+    def observe(self, batch: int, drafted: int, emitted: int, ms: float, drafting: int = 1) -> None:
         """One decode-only step: `batch` requests decoding, `drafted` auto draft tokens verified (0: a
-        plain step), `emitted` tokens, `ms` its wall time."""
+        plain step) by `drafting` of them, `emitted` tokens, `ms` its wall time."""
         if batch <= 0 or ms <= 0:
             return
         self._step += 1
@@ -104,11 +107,15 @@ class SpeculationGate:
             bucket.tokens += s.ema_weight * (emitted - bucket.tokens)
             bucket.plain_tokens += s.ema_weight * (plain_tokens - bucket.plain_tokens)
         bucket.samples += 1
+        bucket.drafted += drafted
+        bucket.drafting += max(drafting, 1)
         if bucket.samples < s.min_samples:
             return
         gain = self.gain(batch)
         if gain < s.floor:
-            self._move(bucket, bucket.level - 1)
+            mean_depth = bucket.drafted / bucket.drafting
+            self._move(bucket, max((i for i, cap in enumerate(self.levels[:bucket.level])
+                                    if i == 0 or cap < mean_depth), default=0))
         elif bucket.probing:        # a probe that pays: the bucket is back, probes at the first interval again
             bucket.probing, bucket.probe_after = False, s.probe_after
         if gain > s.raise_at and bucket.level < len(self.levels) - 1 and not self._barred(bucket, bucket.level + 1):
@@ -130,7 +137,7 @@ class SpeculationGate:
                     bucket.probe_after = min(2 * bucket.probe_after, s.max_probe_after)
         bucket.level, bucket.probing = level, probing
         bucket.tokens = bucket.plain_tokens = 0.0
-        bucket.samples = 0
+        bucket.samples = bucket.drafted = bucket.drafting = 0
 
     def _barred(self, bucket: _Bucket, level: int) -> bool:
         return bucket.barred == level and self._step < bucket.barred_until
