@@ -10,8 +10,8 @@ measured, not declared:
   (``.item()``, ``.tolist()``, a copy to pageable host memory, ...); each warning is one sync.
 
 Counting costs far more than the step, so the engine counts only when asked
-(``EngineConfig.count_device_calls``); the counts go to ``StepStats``. On a CPU there is nothing to
-count and both stay None.
+(``EngineConfig.count_device_calls``, for a runner that is not synchronous); the counts go to
+``StepStats``. On a CPU there is nothing to count and both stay None.
 """
 
 from __future__ import annotations
@@ -34,9 +34,10 @@ class DeviceCalls:
     host_syncs: int
 
 
-def count_device_calls(fn: Callable[[], T], device: torch.device) -> tuple[T, DeviceCalls | None]:
-    """Run ``fn`` and count its launches and host syncs on ``device`` (None on a CPU)."""
-    if device.type != "cuda":
+def count_device_calls(fn: Callable[[], T], device: torch.device | None = None) -> tuple[T, DeviceCalls | None]:
+    """Run ``fn`` and count its launches and host syncs on ``device`` (default: the current CUDA
+    device; on a CPU device the counts are None)."""
+    if device is not None and device.type != "cuda":
         return fn(), None
     from torch.profiler import ProfilerActivity, profile
 

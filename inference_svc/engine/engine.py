@@ -24,7 +24,6 @@ import torch
 
 from inference_svc.engine.chunk_store import keyed_spans
 from inference_svc.engine.cost_model import CostModel
-from inference_svc.engine.device_calls import count_device_calls
 from inference_svc.engine.events import EngineEvent, EventKind
 from inference_svc.engine.kv_manager import KVCacheManager
 from inference_svc.engine.model_runner import ChunkInput
@@ -43,21 +42,15 @@ from inference_svc.engine.options import (
     DEFAULT_SPECULATIVE_SHARE,
     DEFAULT_TOKEN_BUDGET,
 )
-from inference_svc.engine.output_text import OutputText
+from inference_svc.engine.output_text import OutputText, finish_reason
 from inference_svc.engine.policies import make_policy
 from inference_svc.engine.request import FinishReason, Request, RequestState, SchedClass, Segment
-from inference_svc.engine.sampler import Sampler, SamplingParams, make_generator
-from inference_svc.engine.scheduler import (
-    BlockMove,
-    PreemptionKind,
-    ScheduledChunk,
-    Scheduler,
-    SchedulerConfig,
-    SchedulerOutput,
-)
-from inference_svc.engine.speculation import DEFAULT_NGRAM_SIZES, DepthSettings, RequestSpeculation, verify
+from inference_svc.engine.sampler import RequestSampler, SamplingParams
+from inference_svc.engine.scheduler import PreemptionKind, Scheduler, SchedulerConfig, SchedulerOutput
+from inference_svc.engine.speculation import DEFAULT_NGRAM_SIZES, DepthSettings, GateSettings, Speculation
 from inference_svc.engine.step_budget import StepBudget
 from inference_svc.engine.step_log import StepLog
+from inference_svc.engine.step_timing import StepStats, StepTiming
 from inference_svc.engine.tokenization import SegmentTokenizer
 
 
@@ -81,8 +74,13 @@ class Runner(Protocol):
     """What the engine needs from a model runner (the real one, or a fake in scheduler tests)."""
 
     eos_token_ids: Sequence[int]
-    config: Any          # needs .max_position_embeddings
-    device: torch.device
+    config: Any          # needs .max_position_embeddings and .vocab_size
+
+    @property
+    def synchronous(self) -> bool:
+        """True when `execute`'s results are ready without waiting for a device (a CPU): a forward's
+        time is known as soon as it returns."""
+        ...
 
     def execute(self, chunks: list[ChunkInput]) -> torch.Tensor: ...
     def swap_out(self, pairs: list[tuple[int, int]]) -> None: ...
@@ -108,11 +106,13 @@ class EngineConfig:
     speculative_append_share: float = DEFAULT_SPECULATIVE_APPEND_SHARE
     enable_prefix_cache: bool = True
     max_model_len: int | None = None   # default: the model's max positions
-    # speculative decoding (speculation.py): draft tokens per step that auto-depth requests share,
-    # the n-gram sizes drafts are looked up with, and the auto depth's settings
+    # speculative decoding (speculation/): draft tokens per step that auto-depth requests share,
+    # the n-gram sizes drafts are looked up with, the auto depth's settings, and the gate that caps
+    # auto depths where measured drafts do not pay (None: uncapped)
     draft_budget: int = DEFAULT_DRAFT_BUDGET
     draft_ngram_sizes: tuple[int, ...] = DEFAULT_NGRAM_SIZES
     depth_settings: DepthSettings = field(default_factory=DepthSettings)
+    speculation_gate: GateSettings | None = field(default_factory=GateSettings)
     # KV reuse (chunk_store.py): a request's mode when it names none, the blend's recompute share when it
     # names none, and the chunk store's most device blocks (None: a quarter of the pool)
     kv_reuse: str = DEFAULT_KV_REUSE
@@ -121,6 +121,20 @@ class EngineConfig:
     chunk_store_fill: str = DEFAULT_CHUNK_STORE_FILL   # options.CHUNK_STORE_FILL_CHOICES
     # measure each step's kernel launches and host syncs into StepStats (device_calls.py; slow: benchmarks)
     count_device_calls: bool = False
+
+    def __post_init__(self) -> None:
+        if self.chunk_store_fill not in CHUNK_STORE_FILL_CHOICES:
+            raise ValueError(f"chunk_store_fill must be one of {', '.join(CHUNK_STORE_FILL_CHOICES)}, "
+                             f"got {self.chunk_store_fill!r}")
+
+    def scheduler_config(self) -> SchedulerConfig:
+        return SchedulerConfig(self.token_budget, self.max_running, self.eviction, self.speculative_share,
+                               self.speculative_reserve_share, self.speculative_append_share,
+                               fill_chunks_from_exact=self.chunk_store_fill == "all")
+
+    def kv_manager(self) -> KVCacheManager:
+        return KVCacheManager(self.num_device_blocks, self.num_cpu_blocks, self.block_size, self.enable_prefix_cache,
+                              self.chunk_device_blocks, spill_chunks=self.eviction != "recompute")
 
 
 @dataclass
@@ -140,27 +154,6 @@ class EngineCounters:
     chunk_captures_skipped: int = 0     # blend captures the chunk store had no free blocks for (chunk_store.py)
 
 
-@dataclass(frozen=True)
-class StepStats:
-    """What the last step did (`Engine.last_step`): replaced as a whole after each step, never
-    changed in place, so a reader on another thread sees one step's figures or the next's."""
-
-    tokens: int = 0                     # tokens computed, drafts included (0: nothing could run)
-    depths: tuple[int, ...] = ()        # the draft depth of each request that verified a draft
-    decode_tokens: int = 0              # tokens computed for decoding requests, drafts included
-    emitted: int = 0                    # tokens emitted (sampled or accepted)
-    budget: int = 0                     # the step's token budget (below the configured one when bounded in time)
-    ms: float = 0.0                     # the step's wall time: scheduling, KV moves, forward pass, sampling
-    predicted_ms: float | None = None   # what the step-time model predicted for it (steps bounded in time)
-    launches: int | None = None         # kernel and graph launches of the forward and sampling (counted on CUDA
-    host_syncs: int | None = None       # with EngineConfig.count_device_calls) and waits for the device
-
-    @property
-    def draft_tokens(self) -> int:
-        """Drafted tokens verified."""
-        return sum(self.depths)
-
-
 class Engine:
     def __init__(self, runner: Runner, tokenizer: SegmentTokenizer, config: EngineConfig = EngineConfig(),
                  cost_model: CostModel | None = None, clock: Callable[[], float] = time.monotonic) -> None:
@@ -172,30 +165,21 @@ class Engine:
         self.max_model_len = min(config.max_model_len or model_len, model_len)
         self.cost_model = cost_model or CostModel.builtin()
         self.policy = make_policy(config.policy, **config.policy_options)
-        if config.chunk_store_fill not in CHUNK_STORE_FILL_CHOICES:
-            raise ValueError(f"chunk_store_fill must be one of {', '.join(CHUNK_STORE_FILL_CHOICES)}, "
-                             f"got {config.chunk_store_fill!r}")
-        self.scheduler = Scheduler(SchedulerConfig(config.token_budget, config.max_running, config.eviction,
-                                                   config.speculative_share, config.speculative_reserve_share,
-                                                   config.speculative_append_share,
-                                                   fill_chunks_from_exact=config.chunk_store_fill == "all"),
-                                   self.policy, KVCacheManager(config.num_device_blocks, config.num_cpu_blocks,
-                                                               config.block_size, config.enable_prefix_cache,
-                                                               config.chunk_device_blocks,
-                                                               spill_chunks=config.eviction != "recompute"),
-                                   self.cost_model, clock)
+        self.scheduler = Scheduler(config.scheduler_config(), self.policy, config.kv_manager(), self.cost_model, clock)
         target_ms = config.step_time_target_ms
         self.step_budget = (None if target_ms is None else
                             StepBudget.from_cost_model(self.cost_model, target_ms, config.token_budget))
-        self.sampler = Sampler()
+        self.step_log = StepLog.from_env()  # STREAMRAG_STEP_LOG: one line per step (step_log.py)
+        self.timing = StepTiming(self.cost_model, self.step_budget, self.step_log, runner.synchronous,
+                                 config.count_device_calls)
+        self.sampler = RequestSampler()
         self.counters = EngineCounters()
+        self.speculation = Speculation(self.counters, config.draft_budget, config.depth_settings,
+                                       config.draft_ngram_sizes, config.speculation_gate)
         self.requests = self.scheduler.requests     # the one registry, owned by the scheduler
-        self._generators: dict[str, torch.Generator | None] = {}
         self._outputs: dict[str, OutputText] = {}
-        self._speculation: dict[str, RequestSpeculation] = {}
         self._events: list[EngineEvent] = []
         self.last_step = StepStats()
-        self.step_log = StepLog.from_env()  # STREAMRAG_STEP_LOG: one line per step (step_log.py)
 
     # --- caller input ---------------------------------------------------------------
     def open(self, request_id: str, segments: Sequence[Segment], sampling: SamplingParams,
@@ -217,11 +201,8 @@ class Engine:
         self._set_prompt(request, self._encode(segments))
         request.num_head_tokens = request.num_prompt_tokens
         self.scheduler.add(request)
-        self._generators[request_id] = make_generator(sampling, self.runner.device)
         self._outputs[request_id] = OutputText(self.tokenizer.decode, sampling.stop)
-        if sampling.speculation_depth != 0:
-            self._speculation[request_id] = RequestSpeculation(sampling.speculation_depth, self.config.depth_settings,
-                                                               self.config.draft_ngram_sizes)
+        self.speculation.add(request_id, sampling)
         self.counters.requests_received += 1
         self._emit(request, EventKind.QUEUED)
         return request
@@ -240,7 +221,8 @@ class Engine:
         request = self.open(request_id, (), sampling, sched_class=sched_class)
         request.track_confidence = track_confidence
         try:
-            self.finish(request_id, [*self._token_segment(parent.prompt_token_ids[:num_tokens]), *suffix])
+            head = parent.prompt_token_ids[:num_tokens]
+            self.finish(request_id, [*([Segment(token_ids=tuple(head))] if head else []), *suffix])
         except Exception:
             self.abort(request_id)
             self.release(request_id)
@@ -250,10 +232,6 @@ class Engine:
             self.runner.copy_blocks(copies)
         return request
 
-    @staticmethod
-    def _token_segment(token_ids: list[int]) -> list[Segment]:
-        return [Segment(token_ids=tuple(token_ids))] if token_ids else []
-
     def append(self, request_id: str, segments: Sequence[Segment], arrived_at: float | None = None) -> None:
         """Add segments at the end of the context (the computed KV stays valid)."""
         request = self._open_request(request_id, "append")
@@ -262,7 +240,7 @@ class Engine:
         request.context_segments.extend(segments)
         request.context_spans += spans
         request.stats.num_appends += 1
-        self._input_arrived(request, arrived_at)
+        request.note_input(self.clock() if arrived_at is None else arrived_at)
 
     def update(self, request_id: str, segments: Sequence[Segment], arrived_at: float | None = None,
                final: bool = True) -> None:
@@ -285,7 +263,7 @@ class Engine:
             self.counters.tokens_invalidated += invalidated
             self._emit(request, EventKind.INVALIDATED, count=invalidated)
         request.stats.num_updates += 1
-        self._input_arrived(request, arrived_at)
+        request.note_input(self.clock() if arrived_at is None else arrived_at)
 
     def finish(self, request_id: str, suffix: Sequence[Segment] = (), arrived_at: float | None = None) -> None:
         """No more input: append the suffix and let the request decode."""
@@ -300,7 +278,7 @@ class Engine:
             # Everything is prefilled but the last chunk produced no logits (the context was not
             # complete then): recompute the last token. Truncating copies a shared block first.
             self._invalidate_from(request, request.num_computed_tokens - 1)
-        self._input_arrived(request, arrived_at)
+        request.note_input(self.clock() if arrived_at is None else arrived_at)
 
     def abort(self, request_id: str) -> None:
         request = self.requests.get(request_id)
@@ -323,53 +301,21 @@ class Engine:
 
     def step(self) -> list[EngineEvent]:
         """Schedule, move KV, run one forward pass, sample; returns the events since the last step."""
-        started_wall, started = time.time(), time.perf_counter()
-        step_started = started
+        self.timing.begin()
         if self.step_budget is not None:
             self.scheduler.token_budget = self.step_budget.budget(self.requests.values())
-        out = self.scheduler.schedule(self._propose_drafts())
+        out = self.scheduler.schedule(self.speculation.propose(self.requests, self.max_sequence_tokens,
+                                                               self.last_step, self.scheduler.token_budget))
         self._note_scheduling(out)
         if out.block_moves:
-            started = time.perf_counter()
-            for direction, pairs in out.block_moves:
-                (self.runner.swap_out if direction is BlockMove.OUT else self.runner.swap_in)(pairs)
-            blocks = sum(len(pairs) for _, pairs in out.block_moves)
-            self.cost_model.observe_swap(blocks, (time.perf_counter() - started) * 1e3)
-        decode_tokens = sum(c.num_tokens for c in out.chunks if c.request.is_decoding)   # before tokens are taken
-        chunks = [(c.start, c.num_tokens) for c in out.chunks]   # before _run moves the computed counts
-        calls = None
-        if not out.chunks:
-            emitted = 0
-        elif self.config.count_device_calls:
-            emitted, calls = count_device_calls(lambda: self._run(out), self.runner.device)
-        else:
-            emitted = self._run(out)
-        step_ms = (time.perf_counter() - step_started) * 1e3
-        predicted = None
-        if self.step_budget is not None and decode_tokens < out.num_tokens:   # refit from steps that prefilled
-            predicted = self.step_budget.observe(chunks, step_ms)
-        self.last_step = StepStats(tokens=out.num_tokens, depths=tuple(len(c.draft) for c in out.chunks if c.draft),
-                                   decode_tokens=decode_tokens, emitted=emitted, budget=self.scheduler.token_budget,
-                                   ms=step_ms, predicted_ms=predicted,
-                                   launches=calls and calls.launches, host_syncs=calls and calls.host_syncs)
+            self.timing.move_blocks(out.block_moves, self.runner.swap_out, self.runner.swap_in)
+        emitted = self.timing.run(out, lambda: self._run(out))
+        self.last_step = self.timing.end(out, emitted, self.scheduler.token_budget, self.requests.values(),
+                                         lambda: self.scheduler.pools()[0].num_free)
+        self.speculation.observe(self.last_step)
         self.counters.steps += 1
-        if self.step_log is not None and out.chunks:
-            self._log_step(started_wall, (time.perf_counter() - started) * 1e3, out)
         events, self._events = self._events, []
         return events
-
-    def _log_step(self, started_wall: float, ms: float, out: SchedulerOutput) -> None:
-        last = self.last_step
-        bounded = {} if last.predicted_ms is None else {"predicted_ms": round(last.predicted_ms, 1)}
-        scheduled = {chunk.request.request_id: chunk.num_tokens for chunk in out.chunks}
-        complete = [chunk.request.request_id for chunk in out.chunks if chunk.request.context_complete]
-        tokens_complete = sum(scheduled[rid] for rid in complete)
-        waiting = sum(1 for r in self.requests.values()
-                      if r.context_complete and r.is_runnable and r.request_id not in scheduled)
-        self.step_log.write(started_wall, scheduled, complete, ms=round(ms, 1), tokens_complete=tokens_complete,
-                            tokens_partial=out.num_tokens - tokens_complete, complete_not_scheduled=waiting,
-                            preempted=len(out.preempted), free_blocks=self.scheduler.pools()[0].num_free,
-                            budget=last.budget, step_ms=round(last.ms, 1), **bounded)
 
     def _run(self, out: SchedulerOutput) -> int:
         """Run the step's chunks and take their tokens; returns how many tokens it emitted."""
@@ -379,31 +325,11 @@ class Engine:
             tokens = request.token_ids[chunk.start:chunk.start + chunk.num_tokens - len(chunk.draft)] + chunk.draft
             inputs.append(ChunkInput(tokens, chunk.start, self.scheduler.block_table(request), chunk.wants_logits,
                                      1 + len(chunk.draft), chunk.reuse))
-        started = time.perf_counter()
+        self.timing.forward_started(out)
         logits = self.runner.execute(inputs)
-        # The prefill cost is observed once the forward is done: at once on a CPU, where it runs
-        # synchronously; on a GPU only in a step that sampled (its one copy to the host waits for it).
-        prefill_only = all(not chunk.request.is_decoding for chunk in out.chunks)
-        synchronous = self.runner.device.type != "cuda"
-        if prefill_only and synchronous:
-            self.cost_model.observe_prefill(out.num_tokens, (time.perf_counter() - started) * 1e3)
-        plain: list[tuple[ScheduledChunk, torch.Tensor]] = []     # one logits row each
-        verifying: list[tuple[ScheduledChunk, torch.Tensor]] = []  # a row per drafted position
-        row = 0
-        for chunk in out.chunks:
-            if chunk.wants_logits:
-                rows = 1 + len(chunk.draft)
-                (verifying if chunk.draft else plain).append((chunk, logits[row:row + rows]))
-                row += rows
-        tokens = self.sampler.sample(torch.cat([rows for _, rows in plain]),
-                                     [c.request.sampling for c, _ in plain],
-                                     [self._generators[c.request.request_id] for c, _ in plain]) if plain else []
-        if prefill_only and not synchronous and plain:
-            self.cost_model.observe_prefill(out.num_tokens, (time.perf_counter() - started) * 1e3)
-        emitted = {id(chunk): [token] for (chunk, _), token in zip(plain, tokens, strict=True)}
-        self._note_confidence(plain)
-        for chunk, rows in verifying:
-            emitted[id(chunk)] = self._verify(chunk, rows)
+        self.timing.forward_done(tokens_read=False)
+        emitted = self.speculation.take_tokens(out.chunks, logits, self.sampler.sample)
+        self.timing.forward_done(tokens_read=bool(emitted))
         for chunk in out.chunks:
             request = chunk.request
             computed = chunk.num_tokens - len(chunk.draft)
@@ -430,54 +356,6 @@ class Engine:
                 self.scheduler.note_computed(chunk.request)   # now that the accepted tokens are its tokens
         return sum(len(tokens) for tokens in emitted.values())
 
-    @staticmethod
-    def _note_confidence(plain: list[tuple[ScheduledChunk, torch.Tensor]]) -> None:
-        """The logit gap of each sampled row, for requests that track it (Flash Queries)."""
-        for chunk, rows in plain:
-            request = chunk.request
-            if request.track_confidence:
-                top = torch.topk(rows[-1].float(), 2).values
-                gap = float(top[0] - top[1])
-                request.min_logit_gap = gap if request.min_logit_gap is None else min(request.min_logit_gap, gap)
-
-    def _verify(self, chunk: ScheduledChunk, rows: torch.Tensor) -> list[int]:
-        """The tokens a draft's verification emits (speculation.verify), and its acceptance noted."""
-        request = chunk.request
-        if request.sampling.greedy:
-            choices = rows.argmax(dim=-1).tolist()
-            emitted = verify(chunk.draft, choices.__getitem__)
-        else:
-            params, generator = [request.sampling], [self._generators[request.request_id]]
-            emitted = verify(chunk.draft, lambda i: self.sampler.sample(rows[i:i + 1], params, generator)[0])
-        accepted = len(emitted) - 1
-        self._speculation[request.request_id].controller.observe(len(chunk.draft), accepted)
-        request.stats.draft_tokens += len(chunk.draft)
-        request.stats.accepted_draft_tokens += accepted
-        self.counters.draft_tokens += len(chunk.draft)
-        self.counters.accepted_draft_tokens += accepted
-        return emitted
-
-    def _propose_drafts(self) -> dict[str, list[int]]:
-        """Draft tokens for each decoding request that speculates, by request id. Auto depths share
-        `draft_budget` and shrink when prefill took the last step's budget (speculation.py)."""
-        decoding = [self.requests[rid] for rid in self._speculation]
-        decoding = [r for r in decoding if r.is_decoding and r.num_pending_tokens == 1 and not r.is_finished]
-        if not decoding:
-            return {}
-        num_auto = sum(1 for r in decoding if self._speculation[r.request_id].controller.fixed_depth is None)
-        share = max(1, self.config.draft_budget // max(num_auto, 1))
-        last = self.last_step
-        load = (last.tokens - last.draft_tokens) / self.scheduler.token_budget
-        drafts = {}
-        for request in decoding:
-            room = min(request.sampling.max_tokens - len(request.output_token_ids),
-                       self.max_sequence_tokens - request.num_tokens) - 1
-            draft = self._speculation[request.request_id].draft(request.token_ids, room, load, share,
-                                                                last.emitted, last.decode_tokens)
-            if draft:
-                drafts[request.request_id] = draft
-        return drafts
-
     def _accept_token(self, request: Request, token: int) -> None:
         first = not request.output_token_ids
         if first:
@@ -488,15 +366,9 @@ class Engine:
         if first:
             request.stats.first_token_time = now
             self._emit(request, EventKind.FIRST_TOKEN)
-        params = request.sampling
         output = self._outputs[request.request_id]
-        reason = None
-        if token in params.stop_token_ids or (not params.ignore_eos and token in self.runner.eos_token_ids):
-            reason = FinishReason.STOP     # the stop token's own text is not part of the output
-        elif output.add(request.output_token_ids):
-            reason = FinishReason.STOP     # a stop string
-        elif len(request.output_token_ids) >= params.max_tokens or not self._room_to_grow(request):
-            reason = FinishReason.LENGTH
+        reason = finish_reason(output, request.output_token_ids, request.sampling, self.runner.eos_token_ids,
+                               room_to_grow=request.num_tokens + 1 <= self.max_sequence_tokens)
         self._emit(request, EventKind.TOKEN, token_id=token, text=output.take(final=reason is not None))
         if reason is not None:
             self._finish(request, reason)
@@ -505,9 +377,6 @@ class Engine:
     def max_sequence_tokens(self) -> int:
         """The longest sequence (prompt + output) this engine can hold: model context or device pool."""
         return min(self.max_model_len, self.scheduler.capacity_tokens)
-
-    def _room_to_grow(self, request: Request) -> bool:
-        return request.num_tokens + 1 <= self.max_sequence_tokens
 
     def _note_scheduling(self, out: SchedulerOutput) -> None:
         for request in out.newly_scheduled:
@@ -518,12 +387,10 @@ class Engine:
         self.counters.chunk_captures_skipped = self.scheduler.chunk_captures_skipped
         for p in out.preempted:
             swapped = p.kind is PreemptionKind.SWAP
-            kind = EventKind.PREEMPTED_SWAP if swapped else EventKind.PREEMPTED_RECOMPUTE
-            if swapped:
-                self.counters.preemptions_swap += 1
-            else:
-                self.counters.preemptions_recompute += 1
-            self._emit(p.request, kind, count=p.tokens, detail=f"{p.blocks} blocks")
+            self.counters.preemptions_swap += swapped
+            self.counters.preemptions_recompute += not swapped
+            self._emit(p.request, EventKind.PREEMPTED_SWAP if swapped else EventKind.PREEMPTED_RECOMPUTE,
+                       count=p.tokens, detail=f"{p.blocks} blocks")
 
     # --- helpers --------------------------------------------------------------------
     def _open_request(self, request_id: str, action: str) -> Request:
@@ -560,22 +427,13 @@ class Engine:
                 f"prompt too long: {len(tokens)} tokens; the limit is {limit} (model context "
                 f"{self.max_model_len}, device pool {self.scheduler.capacity_tokens} tokens)")
 
-    def _input_arrived(self, request: Request, arrived_at: float | None) -> None:
-        """`arrived_at`: when the caller received the input (engine clock); default now. A caller
-        on another thread passes it so the wait for a running step counts towards TTFT."""
-        now = self.clock() if arrived_at is None else arrived_at
-        request.last_chunk_arrival_time = now
-        request.stats.last_input_time = now
-        if request.state is RequestState.WAITING and request.queued_since is None:
-            request.queued_since = now
-
     def _finish(self, request: Request, reason: FinishReason) -> None:
         request.state = RequestState.FINISHED
         request.finish_reason = reason
         request.stats.finish_time = self.clock()
         self.scheduler.remove(request)
-        self._generators.pop(request.request_id, None)
-        self._speculation.pop(request.request_id, None)
+        self.sampler.forget(request.request_id)
+        self.speculation.remove(request.request_id)
         output = self._outputs.pop(request.request_id, None)
         if output is not None:
             request.output_text = output.final

@@ -115,6 +115,11 @@ class ModelRunner:
         """End-of-sequence ids from config.json and generation_config.json."""
         return self.config.eos_token_ids
 
+    @property
+    def synchronous(self) -> bool:
+        """True when `execute`'s results are ready without a device sync (a CPU; CUDA runs ahead)."""
+        return self.device.type != "cuda"
+
     def swap_out(self, pairs: Sequence[tuple[int, int]]) -> None:
         """``[(device_block, cpu_block), ...]``."""
         self.kv_cache.swap_out(pairs)

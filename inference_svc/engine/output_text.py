@@ -10,12 +10,15 @@ after it is part of the output (as in vLLM and OpenAI). Streaming holds text bac
 could still turn out to be a stop string: the end of the text that is a prefix of some stop
 string, and an incomplete UTF-8 character (decoded as U+FFFD), wait for the next token. The
 last token's event carries everything still held back, so the streamed deltas always add up
-to `final`.
+to `final`. `finish_reason` says whether the output ends with its last token.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
+
+from inference_svc.engine.request import FinishReason
+from inference_svc.engine.sampler import SamplingParams
 
 REPLACEMENT = "\ufffd"   # what decoding gives for an incomplete UTF-8 sequence
 
@@ -74,3 +77,18 @@ class OutputText:
                     break
                 i = text.find(stop[0], i + 1)
         return len(text) - held
+
+
+def finish_reason(text: OutputText, token_ids: list[int], params: SamplingParams, eos_token_ids: Collection[int],
+                  room_to_grow: bool) -> FinishReason | None:
+    """Why the output ends with its last token (None: it goes on): a stop token or EOS (STOP; the
+    token's own text is not part of the output), a stop string in `text` (STOP; decoded here), or
+    `max_tokens` reached or no room for another token (LENGTH)."""
+    token = token_ids[-1]
+    if token in params.stop_token_ids or (not params.ignore_eos and token in eos_token_ids):
+        return FinishReason.STOP
+    if text.add(token_ids):
+        return FinishReason.STOP
+    if len(token_ids) >= params.max_tokens or not room_to_grow:
+        return FinishReason.LENGTH
+    return None

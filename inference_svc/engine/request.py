@@ -156,6 +156,14 @@ class Request:
     def num_tokens(self) -> int:
         return len(self.prompt_token_ids) + len(self.output_token_ids)
 
+    def note_input(self, now: float) -> None:
+        """Input arrived at `now` (engine clock: when the caller received it, so that the wait for a
+        running step counts towards TTFT)."""
+        self.last_chunk_arrival_time = now
+        self.stats.last_input_time = now
+        if self.state is RequestState.WAITING and self.queued_since is None:
+            self.queued_since = now
+
     @property
     def num_pending_tokens(self) -> int:
         """Tokens known but not yet computed (the work this request can do now)."""

@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 
@@ -121,3 +122,28 @@ class Sampler:
             if g is not None:
                 picks[i] = torch.multinomial(probs[i], 1, generator=g)[0]
         return order.gather(1, picks[:, None]).view(-1)
+
+
+class _SamplingRequest(Protocol):
+    request_id: str
+    sampling: SamplingParams
+
+
+class RequestSampler:
+    """Samples rows of requests, one each: a seeded request draws from its own generator, made on
+    the logits' device at its first draw (where the model runs, never named here)."""
+
+    def __init__(self, sampler: Sampler | None = None) -> None:
+        self.sampler = sampler or Sampler()
+        self._generators: dict[str, torch.Generator | None] = {}
+
+    def sample(self, logits: torch.Tensor, requests: Sequence[_SamplingRequest]) -> list[int]:
+        generators = []
+        for request in requests:
+            if request.request_id not in self._generators:
+                self._generators[request.request_id] = make_generator(request.sampling, logits.device)
+            generators.append(self._generators[request.request_id])
+        return self.sampler.sample(logits, [r.sampling for r in requests], generators)
+
+    def forget(self, request_id: str) -> None:
+        self._generators.pop(request_id, None)

@@ -40,6 +40,7 @@ class FakeRunner:
         self.cpu_kv = torch.full((num_cpu_blocks, block_size), -1, dtype=torch.long)
         self.config = SimpleNamespace(max_position_embeddings=max_position_embeddings, vocab_size=VOCAB)
         self.device = torch.device("cpu")
+        self.synchronous = True    # results are ready when execute returns (Runner.synchronous)
         self.eos_token_ids = (EOS,)
         self.executed_tokens = 0
 

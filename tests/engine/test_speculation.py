@@ -205,7 +205,7 @@ class MarkovRunner:
 
     def __init__(self) -> None:
         self.config = SimpleNamespace(max_position_embeddings=4096, vocab_size=TINY_VOCAB)
-        self.device = torch.device("cpu")
+        self.synchronous = True
         self.eos_token_ids = (0,)
 
     def execute(self, chunks: list[ChunkInput]) -> torch.Tensor:

@@ -1,85 +1,20 @@
-"""Speculative decoding drafted from the request's own tokens (prompt lookup), depth tuned online.
-
-RAG answers quote their context, so the next tokens of an answer often already appear in the
-prompt. Per decoding request, each step:
-
-1. `NgramProposer.propose` finds the longest suffix of the request's tokens (prompt + output)
-   that occurred earlier, trying n-gram sizes from largest to smallest, and drafts the up to
-   k tokens that followed its most recent earlier occurrence. No draft model.
-2. The scheduler appends the draft to the request's one-token decode chunk (verification
-   tokens count in the step's token budget; they take only what complete work left).
-3. The model computes logits at every drafted position in that one forward pass, and
-   `verify` walks them: it samples the model's token at each position exactly as a
-   non-speculative step would (argmax when greedy, the request's own sampler otherwise) and
-   goes on while the sampled token equals the draft. The emitted tokens are the model's own
-   samples, each conditioned on exactly the tokens before it, so greedy output is
-   token-identical to non-speculative decoding and sampled output has the same distribution.
-4. The engine keeps the KV of the accepted tokens and rolls back the rest (frees blocks no
-   longer needed).
+"""One request's draft depth: fixed, or auto from its own acceptance and the engine's load.
 
 `DepthController` chooses k per request in auto mode (after SpecuStream, streamserve-paper
 section 3.5): the request's recent acceptance (EMAs) sets how deep a draft pays off, the
 engine's load lowers it (prefill's share of the last step makes verified tokens dearer, and an
 engine-wide draft token budget is shared by the decoding requests), and when acceptance
 collapses the depth drops to zero with a short probe every few steps so that a request that
-starts quoting again recovers.
+starts quoting again recovers. What a verification really costs in the engine's batch is
+measured by the gate (gate.py), which caps these depths.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from inference_svc.engine.options import MAX_SPECULATION_DEPTH
-
-DEFAULT_NGRAM_SIZES = (4, 3, 2)   # longest first; a 1-gram match drafts too eagerly on this vocabulary
-
-
-class NgramProposer:
-    """Drafts from the most recent earlier occurrence of the longest matching suffix n-gram.
-
-    The index grows with the tokens (`extend`); a request's tokens only grow once it decodes
-    (rejected drafts never enter them), so the index is built once and extended per step.
-    """
-
-    def __init__(self, ngram_sizes: Sequence[int] = DEFAULT_NGRAM_SIZES) -> None:
-        if not ngram_sizes or any(n < 1 for n in ngram_sizes):
-            raise ValueError("n-gram sizes must be >= 1")
-        self.ngram_sizes = tuple(sorted(set(ngram_sizes), reverse=True))
-        self.tokens: list[int] = []
-        # per size: n-gram -> position just after its latest occurrence that has a follower
-        self._follower: dict[int, dict[tuple[int, ...], int]] = {n: {} for n in self.ngram_sizes}
-
-    def extend(self, tokens: Sequence[int]) -> None:
-        for token in tokens:
-            end = len(self.tokens)      # the n-grams ending here now have a follower: `token`
-            for n, index in self._follower.items():
-                if end >= n:
-                    index[tuple(self.tokens[end - n:end])] = end
-            self.tokens.append(token)
-
-    def sync(self, tokens: Sequence[int]) -> None:
-        """Catch up with `tokens` (which extend what was seen); rebuild if they do not."""
-        seen = len(self.tokens)
-        if len(tokens) < seen or tokens[seen - 1:seen] != self.tokens[seen - 1:seen]:
-            self.tokens = []
-            self._follower = {n: {} for n in self.ngram_sizes}
-            seen = 0
-        self.extend(tokens[seen:])
-
-    def propose(self, k: int) -> list[int]:
-        """Up to `k` draft tokens continuing the current tokens; empty when no n-gram matches."""
-        tokens = self.tokens
-        if k <= 0:
-            return []
-        for n in self.ngram_sizes:
-            if len(tokens) <= n:
-                continue
-            start = self._follower[n].get(tuple(tokens[-n:]))
-            if start is not None:
-                return tokens[start:start + k]
-        return []
 
 
 @dataclass(frozen=True)
@@ -177,34 +112,3 @@ class DepthController:
             if first_ok and drafted > 1:    # the later tokens: accepted - 1 of them, then maybe a rejection
                 self._later = [(1 - w) * self._later[0] + w * (accepted - 1),
                                (1 - w) * self._later[1] + w * (accepted < drafted)]
-
-
-def verify(draft: Sequence[int], sample_row: Callable[[int], int]) -> list[int]:
-    """The tokens a verification step emits: the model's token at each position (`sample_row(i)`
-    for logits row i, drawn in order), while it equals the draft; the first mismatch, or the
-    token after a fully accepted draft, ends it. `len(result) - 1` drafts were accepted."""
-    emitted = []
-    for i in range(len(draft) + 1):
-        token = sample_row(i)
-        emitted.append(token)
-        if i == len(draft) or token != draft[i]:
-            break
-    return emitted
-
-
-class RequestSpeculation:
-    """What one request keeps between steps: its n-gram index and its depth controller."""
-
-    def __init__(self, fixed_depth: int | None, settings: DepthSettings = DepthSettings(),
-                 ngram_sizes: Sequence[int] = DEFAULT_NGRAM_SIZES) -> None:
-        self.proposer = NgramProposer(ngram_sizes)
-        self.controller = DepthController(fixed_depth, settings)
-
-    def draft(self, tokens: Sequence[int], max_tokens: int, load: float, share: int, batch_emitted: float = 1.0,
-              batch_tokens: float = 1.0) -> list[int]:
-        """A draft of at most `max_tokens` tokens continuing `tokens` (empty: decode normally)."""
-        depth = min(self.controller.depth(load, share, batch_emitted, batch_tokens), max_tokens)
-        if depth <= 0:
-            return []
-        self.proposer.sync(tokens)
-        return self.proposer.propose(depth)
