@@ -25,6 +25,7 @@ from protos import (
 from servicekit.auth import ApiKeyInterceptor, ApiKeys, load_api_keys
 from servicekit.channels import open_channel
 from servicekit.config import DEFAULT_PORTS, ServiceConfig, service_config_from_args
+from servicekit.redis_url import RedisUrlError, check_reachable
 from servicekit.server import ServiceRunner, configure_logging
 from servicekit.tls import TlsFiles, tls_from_args
 
@@ -54,6 +55,7 @@ class OrchestratorService:
                          for name, address in retrievers.items() if address}
         stubs = {name: retriever_pb2_grpc.RetrieverStub(channel) for name, channel in self.channels.items()}
         self.metrics = OrchestratorMetrics()
+        self.metrics.watch_store(self.store)
         self.servicer = OrchestratorServicer(self.router, stubs, self.store, self.metrics)
         self.directory = SessionDirectory(redis_url, ttl_s=ttl_s)
         self.sessions = SessionsProxy(self.router, self.directory, self.store)
@@ -97,6 +99,10 @@ async def serve(args: argparse.Namespace) -> None:
     configure_logging(args.log_level)
     inference = args.inference or [f"127.0.0.1:{DEFAULT_PORTS['inference']}"]
     api_keys, tls = load_api_keys(args.api_key_file), tls_from_args(args)
+    try:                                    # a bad URL, or Sentinels none of which answers: one line
+        check_reachable(args.redis)
+    except RedisUrlError as exc:
+        raise SystemExit(f"error: --redis: {exc}") from None
     try:
         service = OrchestratorService(service_config_from_args("orchestrator", args), redis_url=args.redis,
                                       inference=inference,
