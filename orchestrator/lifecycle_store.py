@@ -36,8 +36,6 @@ from collections.abc import Mapping
 from typing import Any
 
 import redis.asyncio as redis
-from redis.asyncio.retry import Retry
-from redis.backoff import NoBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
@@ -115,7 +113,7 @@ class LifecycleStore:
         """Connect lazily and start the background writer; Redis need not be up yet."""
         if self._writer is not None:
             return
-        self._redis = redis_client(self.url, timeout_s=self.timeout_s, retry=Retry(NoBackoff(), 1))
+        self._redis = redis_client(self.url, timeout_s=self.timeout_s)   # over Sentinel: retried through a failover
         self._writer = asyncio.create_task(self._write_loop(), name="lifecycle-store-writer")
 
     async def close(self, timeout_s: float = 5.0) -> int:

@@ -53,7 +53,7 @@ class SentinelSet:
         config.write_text(f"port {port}\nbind 127.0.0.1\ndir {self.workdir}\n"
                           f"sentinel monitor {MASTER} 127.0.0.1 {primary_port} 2\n"
                           f"sentinel down-after-milliseconds {MASTER} {self.down_after_ms}\n"
-                          f"sentinel failover-timeout {MASTER} 10000\n"
+                          f"sentinel failover-timeout {MASTER} 5000\n"
                           f"sentinel parallel-syncs {MASTER} 1\n")
         binary = shutil.which("redis-server") or "redis-server"
         self._sentinels.append(subprocess.Popen([binary, str(config), "--sentinel", "--loglevel", "warning"],
