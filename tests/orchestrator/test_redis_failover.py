@@ -1,6 +1,7 @@
 """The orchestrator's Redis state over a Sentinel set (real redis-server primary, replica and three
 Sentinels): the lifecycle store and the session directory keep working when the primary is killed
-and a replica promoted, and terminal records acknowledged by a replica survive the primary's loss."""
+and a replica promoted, terminal records acknowledged by a replica survive the primary's loss, and
+an orchestrator process started on the Sentinel URL reads them back."""
 
 from __future__ import annotations
 
@@ -8,14 +9,20 @@ import asyncio
 from collections.abc import Iterator
 from pathlib import Path
 
+import grpc
 import pytest
 import redis
+from prometheus_client import generate_latest
 
 from orchestrator.lifecycle_store import LifecycleStore, request_key
+from orchestrator.metrics import OrchestratorMetrics
 from orchestrator.session_directory import SessionDirectory
+from protos import orchestrator_pb2, orchestrator_pb2_grpc
 from servicekit.health import check_health
 from servicekit.redis_url import RedisUrlError, check_reachable
+from tests.support.orchestrator import OrchestratorProcess
 from tests.support.redis_sentinel import SentinelSet
+from tests.support.redis_server import free_port
 
 
 @pytest.fixture
@@ -36,6 +43,18 @@ def stored_answer(port: int, request_id: str) -> str | None:
         return client.hget(request_key(request_id), "answer")
     finally:
         client.close()
+
+
+def served_record(url: str, request_id: str) -> tuple[str, str]:
+    """`GetRequest` from an orchestrator process started with `--redis url`."""
+    process = OrchestratorProcess(url, [f"127.0.0.1:{free_port()}"])
+    try:
+        with grpc.insecure_channel(process.address) as channel:
+            record = orchestrator_pb2_grpc.OrchestratorStub(channel).GetRequest(
+                orchestrator_pb2.GetRequestRequest(request_id=request_id), timeout=60).record
+    finally:
+        process.stop()
+    return orchestrator_pb2.RequestState.Name(record.state).removeprefix("REQUEST_STATE_"), record.answer
 
 
 async def test_the_store_and_sessions_follow_a_failover_and_keep_every_acknowledged_terminal_record(
@@ -80,7 +99,12 @@ async def test_the_store_and_sessions_follow_a_failover_and_keep_every_acknowled
         assert await store.flush(30)
         assert store.unreplicated == unreplicated
         assert stored_answer(killed.port, "last") == "answer last"
+        metrics = OrchestratorMetrics()           # what the orchestrator's /metrics shows of it
+        metrics.watch_store(store)
+        assert (f"streamrag_lifecycle_unreplicated_writes_total {float(unreplicated)}"
+                in generate_latest(metrics.registry).decode())
         assert check_health("redis", sentinel_set.url) is None
+        assert await asyncio.to_thread(served_record, sentinel_set.url, "before-3") == ("FINISHED", "answer before-3")
     finally:
         await store.close(timeout_s=5)
         await directory.close()
