@@ -61,7 +61,7 @@ __all__ = ["RECENT_KEY", "REDIS_GAP", "REDIS_UNREACHABLE", "LifecycleStore", "St
 log = logging.getLogger(__name__)
 
 TERMINAL_STATES = frozenset({"FINISHED", "FAILED", "CANCELLED"})
-REPLICA_WAIT_MS = 1000  # how long a batch with a terminal write waits for a replica's ack (< timeout_s)
+REPLICA_WAIT_MS = 1000  # how long a batch with a terminal write waits for a replica's ack (half timeout_s at most)
 
 REDIS_UNREACHABLE = (RedisConnectionError, RedisTimeoutError, OSError)
 _BATCH_MAX = 500  # writes per pipeline
@@ -301,7 +301,7 @@ class LifecycleStore:
 
     async def _write(self, batch: list[Write]) -> None:
         terminal = sum(w.hash_fields.get("state") in TERMINAL_STATES for w in batch) if self.wait_replicas else 0
-        wait = (self.wait_replicas, REPLICA_WAIT_MS) if terminal else None
+        wait = (self.wait_replicas, min(REPLICA_WAIT_MS, int(self.timeout_s * 500))) if terminal else None
         refused, acked = await store_batch(self._client(), batch, self.ttl_s, self.recent_max, wait=wait)
         self.write_errors += refused
         if terminal:

@@ -167,12 +167,14 @@ def _owning_class(base: type) -> type:
         if hasattr(base, "aclose"):
             async def aclose(self: Any, close_connection_pool: bool | None = None) -> None:
                 await base.aclose(self, close_connection_pool)
-                await self.sentinel.aclose()
+                for client in self.sentinel.sentinels:
+                    await client.aclose()
             methods = {"aclose": aclose}
         else:
             def close(self: Any) -> None:
                 base.close(self)
-                self.sentinel.close()
+                for client in self.sentinel.sentinels:
+                    client.close()
             methods = {"close": close}
         _OWNING[base] = type(f"Sentinel{base.__name__}", (base,), methods)
     return _OWNING[base]
