@@ -116,7 +116,7 @@ def add_up_args(parser: argparse.ArgumentParser) -> None:
                         help=f"seconds every service gets to become healthy (default {d.timeout:.0f})")
     parser.add_argument("--tls-dir", type=Path, default=d.tls_dir, metavar="DIR",
                         help="mutual TLS between the services and HTTPS on the gateway, with the certificates of "
-                             "scripts/make_certs.sh in DIR (made there when DIR has no ca.crt); clients verify "
+                             "`streamrag certs` in DIR (made there when DIR has no ca.crt); clients verify "
                              "with DIR/ca.crt and present DIR/client.crt")
     add_run_dir_arg(parser)
 
