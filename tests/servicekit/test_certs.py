@@ -128,6 +128,23 @@ def test_a_certificate_that_does_not_name_the_service_dialed_is_refused(certs: P
     assert asyncio.run(run()) == ["SERVING", "UNAVAILABLE"]
 
 
+def test_an_authority_the_caller_gives_is_the_name_checked(certs: Path):
+    """A replica found by DNS is dialed by address with the name as its authority (orchestrator.discovery):
+    that name is checked, not the service's default name."""
+    async def run() -> list[str]:
+        server, port = await serve_health(files(certs, "crawler"))
+        results = []
+        for authority in ("crawler", "anns"):
+            channel = open_channel(f"127.0.0.1:{port}", files(certs, "client"),
+                                   options=(("grpc.default_authority", f"{authority}:{port}"),), server_name="anns")
+            results.append(await check(channel))
+            await channel.close()
+        await server.stop(None)
+        return results
+
+    assert asyncio.run(run()) == ["SERVING", "UNAVAILABLE"]
+
+
 def test_a_channel_over_several_addresses_verifies_each_against_the_service_name(certs: Path):
     """First address: a server whose certificate names that address (127.0.0.1) but not the
     orchestrators. It is refused, so every call goes to the second server, an orchestrator; with that
