@@ -33,7 +33,7 @@ from protos import inference_pb2, inference_pb2_grpc, orchestrator_pb2_grpc
 from protos.metadata import QUESTION_KEY
 from servicekit.auth import bearer_metadata
 from servicekit.channels import open_channel, spread_options, spread_target
-from servicekit.tls import TlsFiles
+from servicekit.tls import ORCHESTRATORS, TlsFiles
 
 log = logging.getLogger(__name__)
 
@@ -52,7 +52,8 @@ class Upstream:
     info: inference_pb2.ModelInfo | None = None      # the served model's Describe, once it answered
 
     async def start(self) -> None:
-        self._channel = open_channel(spread_target(self.orchestrator_address), self.tls, options=spread_options())
+        self._channel = open_channel(spread_target(self.orchestrator_address), self.tls, options=spread_options(),
+                                     server_name=ORCHESTRATORS)
         self.orchestrator = orchestrator_pb2_grpc.OrchestratorStub(self._channel)
         self.inference = inference_pb2_grpc.InferenceStub(self._channel)
 

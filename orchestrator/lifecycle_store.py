@@ -20,6 +20,10 @@ gets a `REDIS_GAP` event with `since_unix_ms`, `until_unix_ms` and `dropped` (it
 Stream entry ids ("<ms>-<seq>") are assigned when an event is recorded, not when it reaches
 Redis, so a request's events read back in the order they were recorded, across an outage
 too, and a batch re-sent after a connection broke mid-write is not stored twice.
+
+Over a Sentinel URL (`servicekit.redis_url`) the client follows the primary through a failover, and
+a batch holding a terminal state (FINISHED, FAILED, CANCELLED) ends with `WAIT 1`, so a record
+acknowledged by a replica survives the primary's loss (see `unreplicated`).
 """
 
 from __future__ import annotations
@@ -32,8 +36,6 @@ from collections.abc import Mapping
 from typing import Any
 
 import redis.asyncio as redis
-from redis.asyncio.retry import Retry
-from redis.backoff import NoBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
@@ -51,11 +53,15 @@ from orchestrator.lifecycle_records import (
     to_proto,
 )
 from orchestrator.lifecycle_writes import Write, encode_field, store_batch
+from servicekit.redis_url import parse_redis_url, redis_client
 
 __all__ = ["RECENT_KEY", "REDIS_GAP", "REDIS_UNREACHABLE", "LifecycleStore", "StoreUnavailable", "StoredEvent",
            "StoredRequest", "events_key", "lifecycle_kind_name", "now_ms", "request_key", "to_proto"]
 
 log = logging.getLogger(__name__)
+
+TERMINAL_STATES = frozenset({"FINISHED", "FAILED", "CANCELLED"})
+REPLICA_WAIT_MS = 1000  # how long a batch with a terminal write waits for a replica's ack (half timeout_s at most)
 
 REDIS_UNREACHABLE = (RedisConnectionError, RedisTimeoutError, OSError)
 _BATCH_MAX = 500  # writes per pipeline
@@ -82,6 +88,12 @@ class LifecycleStore:
         self.timeout_s = timeout_s
         self.dropped = 0
         self.write_errors = 0
+        # Over a Sentinel set, a batch holding a terminal state is followed by `WAIT 1`: once a replica
+        # acked, the record outlives the primary. No ack within REPLICA_WAIT_MS: logged and counted in
+        # `unreplicated` (terminal writes on the primary alone); the answer is never held for it.
+        self.wait_replicas = 1 if parse_redis_url(url).replicated else 0
+        self.unreplicated = 0
+        self._unacked = False
         self._redis: redis.Redis | None = None
         self._writer: asyncio.Task[None] | None = None
         self._queue: deque[Write] = deque()
@@ -101,10 +113,7 @@ class LifecycleStore:
         """Connect lazily and start the background writer; Redis need not be up yet."""
         if self._writer is not None:
             return
-        self._redis = redis.Redis.from_url(
-            self.url, decode_responses=True, socket_connect_timeout=self.timeout_s,
-            socket_timeout=self.timeout_s, retry=Retry(NoBackoff(), 1),
-        )
+        self._redis = redis_client(self.url, timeout_s=self.timeout_s)   # over Sentinel: retried through a failover
         self._writer = asyncio.create_task(self._write_loop(), name="lifecycle-store-writer")
 
     async def close(self, timeout_s: float = 5.0) -> int:
@@ -291,7 +300,23 @@ class LifecycleStore:
             self._on_written()
 
     async def _write(self, batch: list[Write]) -> None:
-        self.write_errors += await store_batch(self._client(), batch, self.ttl_s, self.recent_max)
+        terminal = sum(w.hash_fields.get("state") in TERMINAL_STATES for w in batch) if self.wait_replicas else 0
+        wait = (self.wait_replicas, min(REPLICA_WAIT_MS, int(self.timeout_s * 500))) if terminal else None
+        refused, acked = await store_batch(self._client(), batch, self.ttl_s, self.recent_max, wait=wait)
+        self.write_errors += refused
+        if terminal:
+            self._check_replicated(acked, terminal)
+
+    def _check_replicated(self, acked: object, terminal: int) -> None:
+        replicated = isinstance(acked, int) and acked >= self.wait_replicas
+        if not replicated:
+            self.unreplicated += terminal
+            if not self._unacked:
+                log.warning("lifecycle store: no replica acknowledged terminal writes within %d ms (WAIT: %s); "
+                            "they are on the primary only until one does", REPLICA_WAIT_MS, acked)
+        elif self._unacked:
+            log.info("lifecycle store: a replica acknowledges terminal writes again")
+        self._unacked = not replicated
 
     def _on_unreachable(self, exc: Exception) -> None:
         for write in self._inflight:

@@ -49,9 +49,12 @@ def encode_field(name: str, value: Any) -> str:
     return as_text(value)
 
 
-async def store_batch(client: redis.Redis, batch: list[Write], ttl_s: int, recent_max: int) -> int:
+async def store_batch(client: redis.Redis, batch: list[Write], ttl_s: int, recent_max: int,
+                      wait: tuple[int, int] | None = None) -> tuple[int, object]:
     """Store `batch` in one pipeline, each touched key's expiry renewed; returns how many writes Redis
-    refused. A stream entry whose id Redis already has is not stored again when it was `attempted` (the
+    refused, and with `wait` (replicas, ms) the answer of the `WAIT` that ends the pipeline (on its
+    connection, so it waits for these writes): the replicas that acknowledged them, or an error.
+    A stream entry whose id Redis already has is not stored again when it was `attempted` (the
     broken attempt stored it); else (the clock stepped back) it is appended under a new id."""
     pipe = client.pipeline(transaction=False)
     xadds: list[tuple[int, Write]] = []
@@ -73,7 +76,10 @@ async def store_batch(client: redis.Redis, batch: list[Write], ttl_s: int, recen
     if indexed:
         pipe.zremrangebyrank(RECENT_KEY, 0, -recent_max - 1)
         pipe.expire(RECENT_KEY, ttl_s)
+    if wait is not None:
+        pipe.execute_command("WAIT", *wait)
     results = await pipe.execute(raise_on_error=False)
+    acked = results.pop() if wait is not None else None
 
     redo, refused = [], 0
     xadd_at = dict(xadds)
@@ -93,4 +99,4 @@ async def store_batch(client: redis.Redis, batch: list[Write], ttl_s: int, recen
             write.stream_id = "*"
             pipe.xadd(events_key(write.request_id), write.entry, id="*")
         await pipe.execute(raise_on_error=False)
-    return refused
+    return refused, acked

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2, 4, 8, 15, 30, 60, 120)
 
@@ -19,3 +22,26 @@ class OrchestratorMetrics:
                                         registry=r)
         self.retrieval = Histogram("streamrag_ask_retrieval_seconds", "Retrieval time", ["mode"], buckets=BUCKETS,
                                    registry=r)
+
+    def watch_store(self, store: Any) -> None:
+        """Export the lifecycle store's own counters (read at each scrape)."""
+        self.registry.register(_StoreCollector(store))
+
+
+class _StoreCollector:
+    """`streamrag_lifecycle_*`: writes the lifecycle store lost, had refused, holds, or stored on a
+    primary that no replica acknowledged (terminal writes over a Sentinel set, `WAIT 1` timed out)."""
+
+    def __init__(self, store: Any) -> None:
+        self.store = store
+
+    def collect(self) -> Any:
+        s = self.store
+        yield CounterMetricFamily("streamrag_lifecycle_dropped_writes", "Writes lost to the buffer bound",
+                                  value=s.dropped)
+        yield CounterMetricFamily("streamrag_lifecycle_write_errors", "Writes Redis refused", value=s.write_errors)
+        yield CounterMetricFamily("streamrag_lifecycle_unreplicated_writes",
+                                  "Terminal writes no replica acknowledged within the WAIT timeout",
+                                  value=getattr(s, "unreplicated", 0))
+        yield GaugeMetricFamily("streamrag_lifecycle_pending_writes", "Writes not yet stored in Redis",
+                                value=s.pending)

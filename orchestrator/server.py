@@ -25,8 +25,9 @@ from protos import (
 from servicekit.auth import ApiKeyInterceptor, ApiKeys, load_api_keys
 from servicekit.channels import open_channel
 from servicekit.config import DEFAULT_PORTS, ServiceConfig, service_config_from_args
+from servicekit.redis_url import RedisUrlError, check_reachable
 from servicekit.server import ServiceRunner, configure_logging
-from servicekit.tls import TlsFiles, tls_from_args
+from servicekit.tls import INFERENCE, TlsFiles, tls_from_args
 
 SERVICE_NAME = orchestrator_pb2.DESCRIPTOR.services_by_name["Orchestrator"].full_name
 SESSIONS_SERVICE_NAME = sessions_pb2.DESCRIPTOR.services_by_name["Sessions"].full_name
@@ -45,15 +46,18 @@ class OrchestratorService:
                  dns_refresh_s: float = DEFAULT_REFRESH_S) -> None:
         self.store = LifecycleStore(redis_url, ttl_s=ttl_s)
         # `inference`: replica addresses and DNS names whose addresses are replicas (orchestrator.discovery).
+        # A replica found by a name is verified against that name, one dialed by address as `inference`.
         static, targets = split_targets(inference)
         self.router = ReplicaRouter(static, weights=weights, refresh_s=router_refresh_s, channel_factory=lambda address:
-                                    open_channel(address, tls, options=self.discovery.channel_options(address)))
+                                    open_channel(address, tls, options=self.discovery.channel_options(address),
+                                                 server_name=INFERENCE))
         self.discovery = ReplicaDiscovery(self.router, targets, static, refresh_s=dns_refresh_s)
         # The retrievers honour the same keys: the orchestrator presents its own (the first) to them.
-        self.channels = {name: open_channel(address, tls, api_key=ApiKeys(api_keys).own)
+        self.channels = {name: open_channel(address, tls, api_key=ApiKeys(api_keys).own, server_name=name)
                          for name, address in retrievers.items() if address}
         stubs = {name: retriever_pb2_grpc.RetrieverStub(channel) for name, channel in self.channels.items()}
         self.metrics = OrchestratorMetrics()
+        self.metrics.watch_store(self.store)
         self.servicer = OrchestratorServicer(self.router, stubs, self.store, self.metrics)
         self.directory = SessionDirectory(redis_url, ttl_s=ttl_s)
         self.sessions = SessionsProxy(self.router, self.directory, self.store)
@@ -97,6 +101,10 @@ async def serve(args: argparse.Namespace) -> None:
     configure_logging(args.log_level)
     inference = args.inference or [f"127.0.0.1:{DEFAULT_PORTS['inference']}"]
     api_keys, tls = load_api_keys(args.api_key_file), tls_from_args(args)
+    try:                                    # a bad URL, or Sentinels none of which answers: one line
+        check_reachable(args.redis)
+    except RedisUrlError as exc:
+        raise SystemExit(f"error: --redis: {exc}") from None
     try:
         service = OrchestratorService(service_config_from_args("orchestrator", args), redis_url=args.redis,
                                       inference=inference,

@@ -13,7 +13,8 @@ def add_orchestrator_args(parser: argparse.ArgumentParser) -> None:
     add_service_args(parser, "orchestrator")
     env = lambda key, default: env_default("orchestrator", key, default)  # noqa: E731
     parser.add_argument("--redis", default=env("redis", f"redis://127.0.0.1:{DEFAULT_PORTS['redis']}/0"),
-                        help="Redis URL for the lifecycle store")
+                        help="Redis for the lifecycle store and sessions: redis://HOST:PORT/DB, or the primary "
+                             "of a Sentinel set, redis+sentinel://HOST:PORT[,HOST:PORT]/MASTER/DB")
     parser.add_argument("--inference", action="append", default=None,
                         help="an inference replica address, repeatable (default 127.0.0.1:50052); "
                              "dns:///NAME:PORT (or dns://DNS_SERVER/NAME:PORT): every address NAME resolves to, "

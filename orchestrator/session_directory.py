@@ -24,11 +24,10 @@ import time
 from dataclasses import dataclass
 
 import redis.asyncio as redis
-from redis.asyncio.retry import Retry
-from redis.backoff import NoBackoff
 
 from orchestrator.failures import WAIT_FOR_PEER_S
 from orchestrator.lifecycle_store import REDIS_UNREACHABLE, StoreUnavailable, now_ms
+from servicekit.redis_url import redis_client
 
 log = logging.getLogger(__name__)
 
@@ -58,8 +57,8 @@ class SessionDirectory:
         self.unreachable = 0             # tries that found Redis unreachable
         self.ttl_s = ttl_s
         self.max_batches = max_batches
-        self._redis = redis.Redis.from_url(url, decode_responses=True, socket_connect_timeout=timeout_s,
-                                           socket_timeout=timeout_s, retry=Retry(NoBackoff(), 1))
+        # Over a Sentinel URL, calls are retried with backoff while a replica is promoted (redis_url).
+        self._redis = redis_client(url, timeout_s=timeout_s)
 
     async def close(self) -> None:
         await self._redis.aclose()

@@ -15,7 +15,7 @@ step() { printf '\n==> %s\n' "$*"; }
 need_apt=()
 [[ -d /usr/share/doc/python3.11/html ]] || need_apt+=(python3.11-doc)
 command -v redis-server >/dev/null || need_apt+=(redis-server)
-command -v openssl >/dev/null || need_apt+=(openssl)    # scripts/make_certs.sh (TLS for the gateway and services)
+command -v openssl >/dev/null || need_apt+=(openssl)    # `openssl rand` for API keys (compose/README.md); certificates: streamrag certs
 command -v prometheus >/dev/null || need_apt+=(prometheus)  # the slow suite's scrape of vLLM's metric names
 if ((${#need_apt[@]})); then
   step "installing Debian packages: ${need_apt[*]}"

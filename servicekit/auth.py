@@ -218,13 +218,13 @@ def bearer_aio_interceptors(key: str) -> list[grpc.aio.ClientInterceptor]:
 
 
 def keyed_channel(target: str, options: Sequence[tuple[str, object]] = (), key: str | None = None,
-                  tls: TlsFiles | None = None) -> grpc.Channel:
+                  tls: TlsFiles | None = None, server_name: str | None = None) -> grpc.Channel:
     """A (sync) channel to `target` that presents the client's key (`client_key()` unless given) on every call,
-    over TLS when `tls` (else `servicekit.tls.client_tls()`, from the environment) names a CA (over several
-    addresses, verified against the first's host: `servicekit.tls.authority_options`)."""
+    over TLS when `tls` (else `servicekit.tls.client_tls()`, from the environment) names a CA (servers reached
+    by address verified against `server_name`: `servicekit.tls.authority_options`)."""
     tls = tls or client_tls()
-    channel = (grpc.secure_channel(target, tls.channel_credentials(),
-                                   options=list(dict([*authority_options(target), *options]).items()))
+    channel = (grpc.secure_channel(target, tls.channel_credentials(), options=list(
+                   dict([*authority_options(target, server_name), *options]).items()))
                if tls and tls.ca else grpc.insecure_channel(target, options=list(options)))
     key = key or client_key()
     return grpc.intercept_channel(channel, _BearerClientInterceptor(key)) if key else channel

@@ -42,15 +42,19 @@ SERVER_KEEPALIVE_OPTIONS = (("grpc.http2.min_ping_interval_without_data_ms", 250
                             ("grpc.keepalive_permit_without_calls", 1))
 
 
-def open_channel(address: str, tls: TlsFiles | None = None,
-                 options: Sequence[tuple[str, object]] = (), api_key: str | None = None) -> grpc.aio.Channel:
+def open_channel(address: str, tls: TlsFiles | None = None, options: Sequence[tuple[str, object]] = (),
+                 api_key: str | None = None, server_name: str | None = None) -> grpc.aio.Channel:
     """A `grpc.aio` channel to `address` with the reconnect and keepalive options above (`options`
-    add to or override them): TLS when `tls.ca` is set (over several addresses, verified against the
-    first's host: `servicekit.tls.authority_options`), plaintext otherwise; presenting `api_key` when given."""
+    add to or override them): TLS when `tls.ca` is set, plaintext otherwise; presenting `api_key` when
+    given. Over TLS, a server reached by address (a list, an IP) must hold a certificate naming
+    `server_name`, the service dialed (`servicekit.tls.authority_options`), unless `options` name the
+    authority themselves."""
     merged = list(dict([*RECONNECT_OPTIONS, *KEEPALIVE_OPTIONS, *options]).items())
     interceptors = bearer_aio_interceptors(api_key) if api_key else None
     if tls is not None and tls.ca is not None:
-        merged = list(dict([*authority_options(address), *merged]).items())
+        named = {"grpc.default_authority", "grpc.ssl_target_name_override"} & dict(options).keys()
+        if not named:                   # an authority the caller gives (a name it resolved) is the one checked
+            merged = list(dict([*authority_options(address, server_name), *merged]).items())
         return grpc.aio.secure_channel(address, tls.channel_credentials(), options=merged, interceptors=interceptors)
     return grpc.aio.insecure_channel(address, options=merged, interceptors=interceptors)
 

@@ -9,6 +9,7 @@ docker-compose service health-checks itself with the command, which needs nothin
     python -m servicekit.health grpc 127.0.0.1:50052
     python -m servicekit.health http http://127.0.0.1:8765/index.html
     python -m servicekit.health redis redis://127.0.0.1:6379/0
+    python -m servicekit.health redis redis+sentinel://127.0.0.1:26379/mymaster/0   # the primary
 
 Over TLS, give the files (`servicekit.tls`): `check_health("grpc", target, tls=TlsFiles(...))`
 dials with TLS and verifies the service against `tls.ca`, presenting `tls.cert` where the service
@@ -60,9 +61,13 @@ def _check_http(target: str, timeout_s: float, tls: TlsFiles | None) -> str | No
 
 
 def _check_redis(target: str, timeout_s: float, tls: TlsFiles | None) -> str | None:
-    import redis
+    from redis.backoff import NoBackoff
+    from redis.retry import Retry
 
-    client = redis.Redis.from_url(target, socket_timeout=timeout_s, socket_connect_timeout=timeout_s)
+    from servicekit.redis_url import redis_client
+
+    # redis:// or redis+sentinel:// (then the primary the Sentinels name): one try, the answer is now
+    client = redis_client(target, sync=True, timeout_s=timeout_s, retry=Retry(NoBackoff(), 0))
     try:
         return None if client.ping() else "no PONG"
     finally:
@@ -87,7 +92,7 @@ def probe_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m servicekit.health", allow_abbrev=False,
                                      description="health check one service: exit 0 when healthy, 1 with the reason")
     parser.add_argument("check", choices=CHECK_KINDS)
-    parser.add_argument("target", help="host:port (grpc), URL (http) or redis:// URL")
+    parser.add_argument("target", help="host:port (grpc), URL (http) or redis:// / redis+sentinel:// URL")
     parser.add_argument("--timeout", type=float, default=3.0)
     add_tls_args(parser, "health", ca_help="CA certificate (PEM): check over TLS, verifying the service against it")
     return parser

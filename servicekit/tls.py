@@ -10,13 +10,15 @@ Every service takes the same three flags (env `STREAMRAG_<SERVICE>_TLS_CERT`, `.
                       requires and verifies client certificates (mutual TLS); a client with it
                       dials with TLS and verifies the server against it
 
-`scripts/make_certs.sh DIR` makes a local CA and one certificate per service name (compose
-names, `localhost`, 127.0.0.1) valid for both server and client use.
+`streamrag certs --out DIR` (or `scripts/make_certs.sh DIR`) makes a local CA and one certificate per
+service (its compose and, with `--namespace`, Kubernetes DNS names, and loopback), valid for both
+server and client use. A client verifies the service it dials (`authority_options`).
 """
 
 from __future__ import annotations
 
 import argparse
+import ipaddress
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -65,18 +67,45 @@ class TlsFiles:
 
 
 MULTI_ADDRESS_SCHEMES = ("ipv4:", "ipv6:")
+# The names clients verify a service by when they dial it by address (a list, or an IP): the set of
+# orchestrators (`orchestrators`, which every orchestrator's certificate names), an inference replica
+# (`inference`); a retriever by its kind (`anns`, `crawler`, `replay`). `streamrag certs` names them.
+ORCHESTRATORS = "orchestrators"
+INFERENCE = "inference"
 
 
-def authority_options(target: str) -> tuple[tuple[str, str], ...]:
-    """The channel option a TLS channel to `target` needs to verify its servers: for a target of several
-    addresses (`ipv4:a:p,b:q`, `servicekit.channels.spread_target`'s) gRPC's default authority is the
-    whole list, which no certificate names, so every handshake fails ("Hostname Verification Check
-    failed"); the first address stands for all of them instead, and each server's certificate must
-    name its host (scripts/make_certs.sh's name 127.0.0.1 and localhost). Nothing for one address or a
-    name (`dns:///orchestrators:50051`), whose own authority is right."""
-    if not target.startswith(MULTI_ADDRESS_SCHEMES) or "," not in target:
+def authority_options(target: str, server_name: str | None = None) -> tuple[tuple[str, str], ...]:
+    """The channel options a TLS channel to `target` needs to verify its servers.
+
+    A target that names a host (`dns:///orchestrator:50051`, `inference-0:50052`) is verified
+    against that name, gRPC's default: nothing to add. A target of addresses (`ipv4:a:p,b:q`,
+    `servicekit.channels.spread_target`'s, or one IP address) names no host: with `server_name`
+    (the service dialed), every server's certificate must name that service
+    (`grpc.ssl_target_name_override`; it is the channel's authority too); without it, the first
+    address stands for all of them (gRPC's own authority for a list is the whole list, which no
+    certificate names: "Hostname Verification Check failed")."""
+    addresses = _addresses(target)
+    if not addresses:
         return ()
-    return (("grpc.default_authority", target.split(":", 1)[1].split(",", 1)[0].strip()),)
+    if server_name:
+        return (("grpc.ssl_target_name_override", server_name), ("grpc.default_authority", server_name))
+    if len(addresses) == 1:
+        return ()
+    return (("grpc.default_authority", addresses[0]),)
+
+
+def _addresses(target: str) -> list[str]:
+    """The addresses of a target made of IP addresses; [] for one that names a host."""
+    if target.startswith(MULTI_ADDRESS_SCHEMES):
+        return [a.strip() for a in target.split(":", 1)[1].split(",") if a.strip()]
+    if "://" in target or target.startswith(("dns:", "unix:")):
+        return []
+    host = target.rsplit(":", 1)[0].strip("[]") if target.count(":") == 1 or target.startswith("[") else target
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        return []
+    return [target]
 
 
 def _read(path: Path | None) -> bytes | None:

@@ -29,7 +29,7 @@ from protos.retrievers import RETRIEVER_CHOICES
 from servicekit.ask_resume import ResumableAsk
 from servicekit.auth import client_key
 from servicekit.channels import open_channel, spread_options, spread_target
-from servicekit.tls import client_tls
+from servicekit.tls import ORCHESTRATORS, client_tls
 from streamrag.stack.addresses import DEFAULT_ORCHESTRATOR, orchestrator_address
 
 
@@ -104,7 +104,8 @@ async def stream_answer(request: orchestrator_pb2.AskRequest, address: str, time
     answer_started = False
     chunks = 0
     done = None
-    channel = open_channel(spread_target(address), client_tls(), options=spread_options(), api_key=client_key())
+    channel = open_channel(spread_target(address), client_tls(), options=spread_options(), api_key=client_key(),
+                           server_name=ORCHESTRATORS)
     try:
         stub = orchestrator_pb2_grpc.OrchestratorStub(channel)
         async for response in ResumableAsk(lambda ask: stub.Ask(ask, timeout=timeout_s), request):

@@ -136,6 +136,9 @@ COMMANDS = (
     Command("bench chaos", "a soak of asks while services are killed and frozen: failures per fault, recovery, "
                            "lost lifecycle events, leaked blocks, answers against a fault-free pass",
             "load_tests.chaos.run:add_bench_chaos_args", "load_tests.chaos.run:run_bench_chaos"),
+    Command("certs", "a local CA and a certificate per service (compose, local and Kubernetes DNS names); "
+                     "optionally as Kubernetes Secrets",
+            "streamrag.stack.certs:add_certs_args", "streamrag.stack.certs:run_certs"),
     Command("up", "start the whole stack on this machine as processes",
             "streamrag.stack.commands:add_up_args", "streamrag.stack.commands:run_up"),
     Command("status", "health and key stats of the local stack",

@@ -17,6 +17,7 @@ from protos import inference_pb2_grpc, kv_transfer_pb2_grpc, sessions_pb2_grpc
 from servicekit.channels import open_channel
 from servicekit.config import ServiceConfig
 from servicekit.server import ServiceRunner
+from servicekit.tls import INFERENCE
 
 
 class DisaggInferenceService(NativeInferenceService):
@@ -30,7 +31,8 @@ class DisaggInferenceService(NativeInferenceService):
         # `runner.tls` after construction.
         self.servicer = DisaggServicer(self.thread, self.servicer.model_info, self.metrics, max_streams, role=role,
                                        receiver=self.kv_transfer,
-                                       channel_factory=lambda target: open_channel(target, self.runner.tls))
+                                       channel_factory=lambda target: open_channel(target, self.runner.tls,
+                                                                                   server_name=INFERENCE))
         servicers = [(inference_pb2_grpc.add_InferenceServicer_to_server, self.servicer),
                      (sessions_pb2_grpc.add_SessionsServicer_to_server, self.sessions_servicer),
                      (kv_transfer_pb2_grpc.add_KvTransferServicer_to_server, self.kv_transfer)]

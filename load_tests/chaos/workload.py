@@ -97,8 +97,9 @@ def orchestrator_channel(address: str, key: str | None, tls=None):
     with `tls` (servicekit.tls.TlsFiles: the stack's client certificate and CA)."""
     from servicekit.auth import keyed_channel
     from servicekit.channels import KEEPALIVE_OPTIONS, RECONNECT_OPTIONS, spread_options, spread_target
+    from servicekit.tls import ORCHESTRATORS
 
-    return keyed_channel(spread_target(address), key=key, tls=tls,
+    return keyed_channel(spread_target(address), key=key, tls=tls, server_name=ORCHESTRATORS,
                          options=(*RECONNECT_OPTIONS, *KEEPALIVE_OPTIONS, *spread_options(wait_for_ready=False)))
 
 
@@ -116,9 +117,10 @@ class Clients:
 
     async def _open(self, address: str, key: str | None, wait_for_ready: bool, tls):
         from servicekit.channels import open_channel, spread_options, spread_target
+        from servicekit.tls import ORCHESTRATORS
 
         return open_channel(spread_target(address), tls, options=spread_options(wait_for_ready=wait_for_ready),
-                            api_key=key)
+                            api_key=key, server_name=ORCHESTRATORS)
 
     def _run(self, coro):
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result()

@@ -9,6 +9,7 @@ import grpc
 from servicekit.auth import keyed_channel
 from servicekit.channels import spread_options, spread_target
 from servicekit.config import DEFAULT_PORTS
+from servicekit.tls import ORCHESTRATORS
 from streamrag.stack.state import read_stack
 
 DEFAULT_ORCHESTRATOR = f"127.0.0.1:{DEFAULT_PORTS['orchestrator']}"
@@ -37,4 +38,4 @@ def orchestrator_address(given: str | None) -> str:
 
 def orchestrator_channel(address: str) -> grpc.Channel:
     """A (sync) channel over every orchestrator in `address`, round_robin with health checking."""
-    return keyed_channel(spread_target(address), spread_options(wait_for_ready=False))
+    return keyed_channel(spread_target(address), spread_options(wait_for_ready=False), server_name=ORCHESTRATORS)

@@ -31,6 +31,7 @@ from inference_svc.engine.options import DTYPE_CHOICES, POLICY_CHOICES
 from inference_svc.options import BACKEND_CHOICES
 from servicekit.config import DEFAULT_PORTS
 from servicekit.health import check_health
+from servicekit.redis_url import RedisUrlError, check_reachable
 from streamrag.stack.plan import (
     CLI,
     DEFAULT_CORPUS_ROOT,
@@ -90,7 +91,9 @@ def add_up_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", type=Path, default=d.model,
                         help="Hugging Face model directory (default: the embedded SmolLM2-135M-Instruct)")
     parser.add_argument("--redis", default=d.redis, metavar="URL",
-                        help="use this Redis instead of starting a private one (down leaves it running)")
+                        help="use this Redis instead of starting a private one (down leaves it running): "
+                             "redis://HOST:PORT/DB, or a Sentinel set's primary, "
+                             "redis+sentinel://HOST:PORT[,HOST:PORT]/MASTER/DB")
     parser.add_argument("--latency", default=d.latency,
                         help="corpus server delay per page: none, lan, web or seconds (default none: a fast demo; "
                              "web gives the paper's crawler gaps)")
@@ -113,7 +116,7 @@ def add_up_args(parser: argparse.ArgumentParser) -> None:
                         help=f"seconds every service gets to become healthy (default {d.timeout:.0f})")
     parser.add_argument("--tls-dir", type=Path, default=d.tls_dir, metavar="DIR",
                         help="mutual TLS between the services and HTTPS on the gateway, with the certificates of "
-                             "scripts/make_certs.sh in DIR (made there when DIR has no ca.crt); clients verify "
+                             "`streamrag certs` in DIR (made there when DIR has no ca.crt); clients verify "
                              "with DIR/ca.crt and present DIR/client.crt")
     add_run_dir_arg(parser)
 
@@ -273,6 +276,11 @@ def check_options(options: StackOptions) -> str | None:
         return f"--latency: {exc}"
     if options.redis is None and shutil.which("redis-server") is None:
         return "redis-server is not installed: install it (apt-get install redis-server) or pass --redis URL"
+    if options.redis is not None:
+        try:                           # a Sentinel set must answer now: the orchestrators would not start
+            check_reachable(options.redis)
+        except RedisUrlError as exc:
+            return f"--redis: {exc}"
     return None
 
 

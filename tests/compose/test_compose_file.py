@@ -30,6 +30,7 @@ from retriever_svc.corpus.web_server import add_serve_corpus_args
 from retriever_svc.server_args import add_retriever_args
 from servicekit import health
 from streamrag.stack import commands, plan
+from streamrag.stack.certs import SERVICES as CERTIFICATES
 
 ROOT = Path(__file__).resolve().parents[2]
 COMPOSE = ROOT / "compose"
@@ -271,13 +272,13 @@ TLS_SERVICES = {"anns": "retriever", "crawler": "retriever", "inference-0": "inf
 def test_the_tls_override_gives_each_service_its_own_certificate_and_the_probe_the_same():
     override = yaml.safe_load((COMPOSE / "docker-compose.tls.yml").read_text())["services"]
     assert set(override) == set(TLS_SERVICES)
-    certificates = re.search(r"names=\(([^)]*)\)", (ROOT / "scripts" / "make_certs.sh").read_text()).group(1).split()
+    certificates = CERTIFICATES      # what scripts/make_certs.sh (`streamrag certs`) makes
     for name, flags in TLS_SERVICES.items():
         env = override[name]["environment"]
         prefix = f"STREAMRAG_{flags.upper()}_TLS_"
         assert env[f"{prefix}CERT"] == f"/tls/{name}.crt" and env[f"{prefix}KEY"] == f"/tls/{name}.key", name
         assert env[f"{prefix}CA"] == env["STREAMRAG_HEALTH_TLS_CA"] == "/tls/ca.crt", name
-        assert name in certificates, f"scripts/make_certs.sh makes no certificate for {name}"
+        assert name in certificates, f"streamrag certs makes no certificate for {name}"
         assert override[name]["volumes"] == ["${STREAMRAG_TLS_DIR:-./tls}:/tls:ro"]
         if name != "gateway":     # mutual TLS: the probe presents the service's own certificate
             assert env["STREAMRAG_HEALTH_TLS_CERT"] == env[f"{prefix}CERT"], name

@@ -346,7 +346,7 @@ def test_a_tls_dir_without_every_certificate_is_refused_before_anything_starts(t
     (certs / "ca.crt").write_text("a CA from elsewhere\n")
     up = streamrag("up", "--run-dir", str(run_dir), "--free-ports", "--corpus-root", str(tiny_index.parent / "site"),
                    "--index", str(tiny_index), "--tls-dir", str(certs))
-    assert up.returncode == 1 and "anns.crt" in up.stderr and "make_certs.sh" in up.stderr, up.stderr
+    assert up.returncode == 1 and "anns.crt" in up.stderr and "streamrag certs" in up.stderr, up.stderr
     assert processes_in(run_dir) == [] and not (run_dir / "state.json").exists()
 
 

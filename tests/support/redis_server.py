@@ -56,6 +56,12 @@ class PrivateRedis:
         self.stop()
         raise RuntimeError(f"redis-server did not answer on port {self.port}")
 
+    def kill(self) -> None:
+        """SIGKILL, as a lost host would: no shutdown, no last write (start again with `restart`)."""
+        if self._proc.poll() is None:
+            self._proc.kill()
+            self._proc.wait()
+
     def stop(self) -> None:
         if self._proc.poll() is None:
             self._proc.terminate()
