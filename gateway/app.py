@@ -4,7 +4,8 @@
     POST /v1/chat/completions               serving_chat.py
     POST /v1/completions                    serving_completion.py
     WS   /v1/realtime                       realtime.py
-    GET  /health                            200 while the process serves (no key needed)
+    GET  /health                            200 while the process serves (no key needed); says whether the
+                                            service is saturated (it shed a request lately)
     GET  /metrics                           Prometheus text (no key needed)
 
 Every error leaves as the OpenAI error body (gateway/errors.py): a `GatewayError` with its
@@ -35,6 +36,7 @@ from gateway.serving_models import list_models, retrieve_model
 from gateway.upstream import Upstream
 from servicekit.auth import ApiKeys
 from servicekit.config import DEFAULT_PORTS
+from servicekit.tenants import Tenants, parse_tenants
 from servicekit.tls import TlsFiles
 
 log = logging.getLogger(__name__)
@@ -46,6 +48,7 @@ class GatewaySettings:
 
     orchestrator: str = f"127.0.0.1:{DEFAULT_PORTS['orchestrator']}"    # every request goes there
     api_keys: tuple[str, ...] = ()            # none: no key needed
+    tenants: Tenants | None = None            # the tenants file's (plus api_keys, each its own); None: api_keys'
     upstream_tls: TlsFiles | None = None      # with a CA: TLS (mutual with a cert) to the orchestrator
     max_body_bytes: int = MAX_BODY_BYTES
 
@@ -64,7 +67,8 @@ def _validation_error(exc: RequestValidationError) -> GatewayError:
 
 def build_app(settings: GatewaySettings) -> FastAPI:
     metrics = GatewayMetrics()
-    keys = ApiKeys(settings.api_keys)
+    tenants = settings.tenants if settings.tenants is not None else parse_tenants("", settings.api_keys)
+    keys = ApiKeys(tenants.keys or settings.api_keys)
     upstream = Upstream(settings.orchestrator, keys.own, settings.upstream_tls)
 
     @asynccontextmanager
@@ -82,12 +86,14 @@ def build_app(settings: GatewaySettings) -> FastAPI:
     app.add_api_route("/v1/chat/completions", create_chat_completion, methods=["POST"])
     app.add_api_route("/v1/completions", create_completion, methods=["POST"])
     app.add_api_websocket_route("/v1/realtime", realtime)
-    app.add_api_route("/health", lambda: {"status": "ok"}, methods=["GET"])
+    app.add_api_route("/health", lambda: {"status": "ok", **metrics.saturation()}, methods=["GET"])
     app.add_api_route("/metrics", lambda: Response(metrics.exposition(), media_type=metrics.content_type),
                       methods=["GET"])
 
     @app.exception_handler(GatewayError)
     async def gateway_error(request: Request, exc: GatewayError) -> JSONResponse:
+        if exc.status == 503 and "Retry-After" in exc.headers:      # a request shed: not started in time
+            metrics.note_shed()
         return exc.response()
 
     @app.exception_handler(RequestValidationError)
@@ -106,6 +112,6 @@ def build_app(settings: GatewaySettings) -> FastAPI:
 
     # add_middleware puts each in front of the ones before it: the request meets them in reverse order.
     app.add_middleware(LimitBody, max_bytes=settings.max_body_bytes)
-    app.add_middleware(RequireApiKey, keys=keys)
+    app.add_middleware(RequireApiKey, keys=keys, tenants=tenants)
     app.add_middleware(RequestMetrics, metrics=metrics, routes=app.router.routes)
     return app

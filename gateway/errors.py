@@ -3,7 +3,9 @@
     {"error": {"message": "...", "type": "invalid_request_error", "param": null, "code": null}}
 
 `GatewayError` carries an HTTP status and that body; the app turns it into the response (or,
-once a stream has started, into its last event).
+once a stream has started, into its last event). A service's refusal that says when to retry (a
+tenant over its limit, a request that could not start in time: trailing metadata `retry-after`
+and OpenAI's `x-ratelimit-*`, orchestrator/limits.py) keeps them as the response's headers.
 """
 
 from __future__ import annotations
@@ -12,6 +14,8 @@ from typing import Any
 
 import grpc
 from fastapi.responses import JSONResponse
+
+from protos.metadata import RATE_LIMIT_PREFIX, RETRY_AFTER_KEY
 
 ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
                413: "invalid_request_error", 429: "rate_limit_error", 499: "client_closed_request"}
@@ -32,15 +36,17 @@ PROMPT_TOO_LONG = "prompt too long:"
 class GatewayError(Exception):
     """A failure with its HTTP status and OpenAI-style body."""
 
-    def __init__(self, status: int, message: str, *, code: str | None = None, param: str | None = None) -> None:
+    def __init__(self, status: int, message: str, *, code: str | None = None, param: str | None = None,
+                 headers: dict[str, str] | None = None) -> None:
         super().__init__(message)
         self.status, self.message, self.code, self.param = status, message, code, param
+        self.headers = headers or {}
 
     def body(self) -> dict[str, Any]:
         return error_body(self.status, self.message, code=self.code, param=self.param)
 
     def response(self) -> JSONResponse:
-        return JSONResponse(self.body(), status_code=self.status)
+        return JSONResponse(self.body(), status_code=self.status, headers=self.headers or None)
 
 
 def error_body(status: int, message: str, *, code: str | None = None, param: str | None = None) -> dict[str, Any]:
@@ -53,7 +59,26 @@ def from_grpc(exc: grpc.RpcError) -> GatewayError:
     code, details = exc.code(), exc.details() or ""
     if code == grpc.StatusCode.RESOURCE_EXHAUSTED and PROMPT_TOO_LONG in details:   # Ask: "inference failed: ..."
         return GatewayError(400, details, code="context_length_exceeded")
-    return GatewayError(GRPC_TO_HTTP.get(code, 502), f"{code.name}: {details}", code=code.name.lower())
+    headers = retry_headers(exc)
+    if code == grpc.StatusCode.RESOURCE_EXHAUSTED and headers:
+        return GatewayError(429, details, code="rate_limit_exceeded", headers=headers)
+    return GatewayError(GRPC_TO_HTTP.get(code, 502), f"{code.name}: {details}", code=code.name.lower(),
+                        headers=headers)
+
+
+def retry_headers(exc: grpc.RpcError) -> dict[str, str]:
+    """`Retry-After` and `x-ratelimit-*` from a call's trailing metadata (none: {})."""
+    try:
+        trailing = exc.trailing_metadata() or ()
+    except Exception:          # an error raised before the call had metadata
+        return {}
+    headers = {}
+    for key, value in trailing:
+        if key == RETRY_AFTER_KEY:
+            headers["Retry-After"] = str(value)
+        elif key.startswith(RATE_LIMIT_PREFIX):
+            headers[key] = str(value)
+    return headers
 
 
 def model_not_found(model: str) -> GatewayError:

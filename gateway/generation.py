@@ -145,8 +145,9 @@ class Generation:
 
 async def start_generation(upstream: Upstream, request: GenerationRequest, request_id: str, *,
                            question: str, prompt: Callable[[inference_pb2.ChatFormat], list[common_pb2.Segment]],
-                           ) -> Generation:
-    """Open the call for `request`: an Ask when it wants retrieval, else a Generate (both on the orchestrator)."""
+                           identity: tuple[tuple[str, str], ...] = ()) -> Generation:
+    """Open the call for `request`: an Ask when it wants retrieval, else a Generate (both on the orchestrator).
+    `identity`: the tenant and priority metadata (gateway/tenancy.py)."""
     sampling = sampling_params(request)
     if request.uses_retrieval:
         if request.model != RAG_MODEL:
@@ -158,7 +159,8 @@ async def start_generation(upstream: Upstream, request: GenerationRequest, reque
             collection=retrieval.collection if retrieval else "", top_k=(retrieval.top_k or 0) if retrieval else 0)
         # An orchestrator dying mid-answer: the Ask is re-issued to another as a resume (one answer).
         call = ResumableAsk(lambda request: upstream.orchestrator.Ask(request, timeout=REQUEST_TIMEOUT_S,
-                                                                      metadata=upstream.metadata), ask)
+                                                                      metadata=(*upstream.metadata, *identity)),
+                            ask)
         return Generation(call, _ask_finish, "rag")
     info = await upstream.model_info(request.model)
     generate = inference_pb2.GenerateRequest(request_id=request_id, segments=prompt(info.chat_format),
@@ -166,6 +168,6 @@ async def start_generation(upstream: Upstream, request: GenerationRequest, reque
     # An orchestrator dying mid-answer: the call is re-issued to another as its continuation (one answer).
     stop_token_ids = (*sampling.stop_token_ids, *info.chat_format.eos_token_ids)
     call = ResumableGenerate(lambda request, resume: upstream.inference.Generate(
-        request, timeout=REQUEST_TIMEOUT_S, metadata=(*upstream.plain_metadata(question), *resume)),
+        request, timeout=REQUEST_TIMEOUT_S, metadata=(*upstream.plain_metadata(question), *identity, *resume)),
         generate, stop_token_ids)
     return Generation(call, _inference_finish, "plain")

@@ -4,7 +4,8 @@
    counts 101 once accepted, or its refusal's status).
 2. `RequireApiKey`: under `/v1/`, a request without a configured key as its bearer token is
    answered 401 with the error body (a WebSocket gets the 401 as its handshake response), and
-   the endpoint never runs. `/health` and `/metrics` stay open.
+   the endpoint never runs; an accepted one carries its key's tenant in its state
+   (`gateway.tenancy.tenant_of`). `/health` and `/metrics` stay open.
 3. `LimitBody`: a body over the limit (by Content-Length, or counted as it arrives) is
    answered 413; a smaller one is read whole and handed on.
 """
@@ -19,7 +20,9 @@ from starlette.websockets import WebSocket
 
 from gateway.errors import GatewayError
 from gateway.metrics import GatewayMetrics
+from gateway.tenancy import set_tenant
 from servicekit.auth import ApiKeys, bearer_token
+from servicekit.tenants import Tenants
 
 PROTECTED_PREFIX = "/v1/"
 
@@ -55,8 +58,8 @@ class RequestMetrics:
 
 
 class RequireApiKey:
-    def __init__(self, app: ASGIApp, keys: ApiKeys) -> None:
-        self.app, self.keys = app, keys
+    def __init__(self, app: ASGIApp, keys: ApiKeys, tenants: Tenants | None = None) -> None:
+        self.app, self.keys, self.tenants = app, keys, tenants or Tenants()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] not in ("http", "websocket") or not scope["path"].startswith(PROTECTED_PREFIX):
@@ -65,6 +68,9 @@ class RequireApiKey:
         headers = dict(scope.get("headers") or [])
         token = bearer_token(headers.get(b"authorization", b"").decode("latin-1"))
         if self.keys.accepts(token):
+            tenant = self.tenants.of_key(token)
+            if tenant is not None:
+                set_tenant(scope, tenant)
             await self.app(scope, receive, send)
             return
         refusal = GatewayError(401, "missing or invalid API key: send 'Authorization: Bearer KEY'",

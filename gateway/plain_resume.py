@@ -23,7 +23,7 @@ import grpc
 
 from protos import common_pb2, inference_pb2
 from protos.metadata import RESUME_KEY
-from servicekit.ask_resume import MAX_REISSUES, RESUMABLE
+from servicekit.ask_resume import MAX_REISSUES, RESUMABLE, told_to_retry_later
 from servicekit.continuation import STOP, budget, continue_after
 
 log = logging.getLogger(__name__)
@@ -67,7 +67,8 @@ class ResumableGenerate:
                     yield response
                 return
             except grpc.RpcError as exc:
-                if self._cancelled or exc.code() not in RESUMABLE or self.attempt >= self.max_reissues:
+                if (self._cancelled or exc.code() not in RESUMABLE or self.attempt >= self.max_reissues
+                        or told_to_retry_later(exc)):       # shed by the orchestrator: an answer, not a break
                     raise
                 self.attempt += 1
                 log.warning("generation %s broke (%s: %s) after %d tokens; re-issuing it (attempt %d)",

@@ -83,6 +83,8 @@ class GenerationRequest(Sampling):
     logit_bias: dict[str, float] | None = None
     user: str | None = None
     retrieval: RetrievalOptions | None = None
+    # vLLM's extension: lower runs sooner, within the caller's tenant (gateway/tenancy.py)
+    priority: int | None = Field(None, strict=True, ge=-(2**31), le=2**31 - 1)
 
     # OpenAI fields we do not implement: {field: (its no-op values, why)}; None is always a no-op.
     UNSUPPORTED: ClassVar[dict[str, tuple[tuple[Any, ...], str]]] = {

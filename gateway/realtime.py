@@ -57,8 +57,10 @@ from gateway.chat_prompt import StreamedContext, head_segments, suffix_segments
 from gateway.errors import GatewayError, from_grpc
 from gateway.generation import REQUEST_TIMEOUT_S, Finish, sampling_params
 from gateway.protocol import ClientEvent, InputAppend, InputCommit, InputReplace, RealtimeSession, SessionUpdate
+from gateway.tenancy import tenant_of
 from gateway.upstream import Upstream
 from protos import common_pb2, inference_pb2
+from protos.metadata import identity_metadata
 
 ROUTE = "/v1/realtime"
 CLOSE_BAD_EVENT, CLOSE_SERVICE_ERROR = 1008, 1011
@@ -138,7 +140,10 @@ class RealtimeConnection:
         if model is None:
             raise GatewayError(503, "no inference replica is reachable")
         self.chat = (await self.upstream.model_info(model)).chat_format
-        self.call = self.upstream.inference.StreamPrompt(timeout=REQUEST_TIMEOUT_S, metadata=self.upstream.metadata)
+        tenant = tenant_of(self.ws.scope)
+        identity = identity_metadata(tenant.name, tenant.weight)
+        self.call = self.upstream.inference.StreamPrompt(timeout=REQUEST_TIMEOUT_S,
+                                                         metadata=(*self.upstream.metadata, *identity))
         self.forwarder = asyncio.create_task(self._forward(), name=f"realtime-{self.request_id}")
         await self._send(open=inference_pb2.PromptOpen(
             request_id=self.request_id, sampling=sampling_params(self.session),

@@ -14,6 +14,7 @@ import uvicorn
 from gateway.app import GatewaySettings, build_app
 from servicekit.auth import load_api_keys
 from servicekit.server import configure_logging
+from servicekit.tenants import load_tenants
 from servicekit.tls import TlsFiles, tls_from_args
 
 GRACE_S = 5
@@ -32,8 +33,9 @@ def uvicorn_config(app, *, host: str, port: int, tls: TlsFiles | None, max_messa
 def settings_from_args(args: argparse.Namespace, tls: TlsFiles | None) -> GatewaySettings:
     if args.max_body_bytes < 1:
         raise SystemExit(f"error: --max-body-bytes must be >= 1, got {args.max_body_bytes}")
+    tenants = load_tenants(getattr(args, "tenants", None), load_api_keys(args.api_key_file))
     return GatewaySettings(orchestrator=args.orchestrator,
-                           api_keys=load_api_keys(args.api_key_file),
+                           api_keys=tenants.keys, tenants=tenants,
                            upstream_tls=tls if tls is not None and tls.ca is not None else None,
                            max_body_bytes=args.max_body_bytes)
 

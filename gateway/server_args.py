@@ -11,6 +11,7 @@ import argparse
 
 from servicekit.auth import add_api_key_args
 from servicekit.config import DEFAULT_PORTS, env_default, env_name
+from servicekit.tenants import add_tenants_args
 from servicekit.tls import add_tls_args
 
 MAX_BODY_BYTES = 1024 * 1024
@@ -29,6 +30,7 @@ def add_gateway_args(parser: argparse.ArgumentParser) -> None:
                         help="largest request body (and WebSocket message) accepted; larger ones get 413")
     parser.add_argument("--log-level", default=env("log_level", "INFO"))
     add_api_key_args(parser, "gateway")
+    add_tenants_args(parser, "gateway")
     add_tls_args(parser, "gateway", ca_help="CA certificate (PEM): dial the orchestrator with TLS "
                                             "and verify it (mutual TLS with --tls-cert/--tls-key)")
 

@@ -16,6 +16,8 @@ from gateway.chat_prompt import chat_segments
 from gateway.generation import start_generation
 from gateway.protocol import ChatCompletionRequest
 from gateway.serving import Shape, respond
+from gateway.tenancy import request_priority, tenant_of
+from protos.metadata import identity_metadata
 
 
 def _choice(text: str, reason: str | None) -> dict[str, Any]:
@@ -34,9 +36,11 @@ CHAT = Shape(route="/v1/chat/completions", id_prefix="chatcmpl", object="chat.co
 
 async def create_chat_completion(request: Request, body: ChatCompletionRequest) -> Response:
     messages = [(message.role, message.text) for message in body.messages]
+    tenant = tenant_of(request.scope)
+    identity = identity_metadata(tenant.name, tenant.weight, request_priority(request, body.priority))
 
     def open_generation(request_id: str):
         return start_generation(request.app.state.upstream, body, request_id, question=body.question,
-                                prompt=lambda chat: chat_segments(chat, messages))
+                                prompt=lambda chat: chat_segments(chat, messages), identity=identity)
 
     return await respond(request, body, CHAT, open_generation)

@@ -14,7 +14,9 @@ from fastapi.responses import Response
 from gateway.generation import start_generation
 from gateway.protocol import CompletionRequest
 from gateway.serving import Shape, respond
+from gateway.tenancy import request_priority, tenant_of
 from protos import common_pb2
+from protos.metadata import identity_metadata
 
 
 def _choice(text: str, reason: str | None) -> dict[str, Any]:
@@ -33,10 +35,12 @@ def prompt_segment(prompt: str | list[int]) -> common_pb2.Segment:
 
 async def create_completion(request: Request, body: CompletionRequest) -> Response:
     segment = prompt_segment(body.prompt)
+    tenant = tenant_of(request.scope)
+    identity = identity_metadata(tenant.name, tenant.weight, request_priority(request, body.priority))
 
     def open_generation(request_id: str):
         return start_generation(request.app.state.upstream, body, request_id,
                                 question=body.prompt if isinstance(body.prompt, str) else "",
-                                prompt=lambda chat: [segment])
+                                prompt=lambda chat: [segment], identity=identity)
 
     return await respond(request, body, COMPLETION, open_generation)

@@ -109,7 +109,10 @@ def checked_pool(args: argparse.Namespace, model_dir: Path) -> None:
 def policy_options(args: argparse.Namespace) -> dict:
     """Options of the chosen policy from the flags (both backends)."""
     starvation_s = getattr(args, "lcas_starvation_s", None)
-    return {"starvation_s": starvation_s} if args.policy == "lcas" and starvation_s is not None else {}
+    options = {"starvation_s": starvation_s} if args.policy == "lcas" and starvation_s is not None else {}
+    if getattr(args, "fair_share", "off") == "on":
+        options["fair_share"] = True                 # between tenants (engine/fair_share.py)
+    return options
 
 
 def native_spec(args: argparse.Namespace, model_dir: Path) -> EngineSpec:

@@ -58,6 +58,9 @@ def add_inference_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", default=env("device", DEFAULT_DEVICE), help="cpu or cuda[:N]")
     parser.add_argument("--dtype", default=env("dtype", DEFAULT_DTYPE), choices=DTYPE_CHOICES)
     parser.add_argument("--policy", default=env("policy", DEFAULT_POLICY), choices=POLICY_CHOICES)
+    parser.add_argument("--fair-share", default=env("fair_share", "on"), choices=("on", "off"),
+                        help="share steps between tenants by weighted virtual token counters, the policy ordering "
+                             "each tenant's requests (default on; off: the policy's order across everyone)")
     parser.add_argument("--eviction", default=env("eviction", None), choices=EVICTION_CHOICES,
                         help=f"default: {DEFAULT_EVICTION} on the native engine, recompute on --backend vllm "
                              "(the only mode vLLM honours, docs/vllm.md)")

@@ -11,7 +11,7 @@ figures are in results_serving.py, the engine and retrieval figures in results_e
 from __future__ import annotations
 
 from load_tests.results_engine import blend, decode, documents, engine, gpu, milvus, retrieval, steps
-from load_tests.results_serving import chaos, disagg, gateway, load, pressure, sessions, streaming, vllm
+from load_tests.results_serving import chaos, disagg, fairness, gateway, load, pressure, sessions, streaming, vllm
 from load_tests.results_summary import Node, span, table
 
 
@@ -144,6 +144,6 @@ def refresh(s: dict[str, Node]) -> list[str]:
 
 
 PAGE = (intro, glance, machines, streaming, vllm, pressure, sessions, decode, retrieval, milvus, documents, blend,
-        disagg, gateway, load, chaos, steps, engine, gpu, not_measured, refresh)
+        disagg, gateway, fairness, load, chaos, steps, engine, gpu, not_measured, refresh)
 SECTIONS = ("machines", "streaming", "vllm", "pressure", "sessions", "decode", "retrieval", "retrieval_backends",
-            "documents", "blend", "disagg", "gateway", "load", "chaos", "steps", "engine", "gpu")
+            "documents", "blend", "disagg", "gateway", "fairness", "load", "chaos", "steps", "engine", "gpu")

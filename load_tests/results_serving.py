@@ -1,5 +1,6 @@
 """The results page's serving sections: streaming against not, against vLLM, memory pressure, sessions,
-disaggregated prefill and decode, the gateway, load and faults. Templates as in results_sections.py."""
+disaggregated prefill and decode, the gateway, two tenants on one replica, load and faults. Templates as in
+results_sections.py."""
 
 from __future__ import annotations
 
@@ -262,3 +263,28 @@ def chaos(s: dict[str, Node]) -> list[str]:
         *targets(s["chaos"]),
     ]
 
+
+
+def fairness(s: dict[str, Node]) -> list[str]:
+    f = s["fairness"]
+    rows = [f"alone | {f['light_ttft_p95_solo_s']:.2f} | -",
+            f"beside the flood, fair share off (FCFS) | {f['light_ttft_p95_fcfs_s']:.2f} | "
+            f"{f['light_ttft_fcfs_over_solo']:.2f}x",
+            f"beside the flood, fair share on | {f['light_ttft_p95_fair_s']:.2f} | "
+            f"{f['light_ttft_fair_over_solo']:.2f}x"]
+    shares = f["share_error"]
+    rejected = f["rejected"].value
+    return [
+        "## Two tenants on one replica", "",
+        "A light tenant (one user who thinks between asks) beside a tenant that floods the replica (users with no "
+        "think time), through the orchestrator with a tenants file; the replica's fair share between tenants off "
+        "(plain FCFS) and on (weighted virtual token counters, docs/gateway.md); then two flooding tenants with "
+        "weights 1:1 and 3:1, both backlogged, and the share of the served tokens each got.", "",
+        *block(f),
+        *table(["the light tenant", "TTFT p95 s", "against alone"], rows),
+        f"Tokens/s with fair share on against off: {f['throughput_fair_over_fcfs']:.2f}x. Share error (the largest "
+        f"relative gap between a tenant's share of the served tokens and its weight's): {shares['1:1']:.3f} at 1:1, "
+        f"{shares['3:1']:.3f} at 3:1. Refused: {', '.join(f'{k} {v}' for k, v in rejected.items()) or 'none'}; "
+        f"asks that hung (neither a first token nor an error within max_queue_s + 5 s): {f['hung']['median']}.", "",
+        *targets(f),
+    ]

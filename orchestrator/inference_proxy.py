@@ -34,6 +34,7 @@ from collections.abc import AsyncIterator
 
 import grpc
 
+from orchestrator.admission import TenantGate
 from orchestrator.chat_formats import ChatFormats
 from orchestrator.failures import peer_wait_s, streamed_ask_status
 from orchestrator.keeper import AnswerFailed, Keeper
@@ -46,11 +47,14 @@ from orchestrator.recording import (
     record_failed,
     record_finished,
     record_lifecycle,
+    record_tenant,
 )
 from orchestrator.router import NoReplicaAvailable, Replica, ReplicaRouter
+from orchestrator.tenancy import current_identity
 from protos import common_pb2, inference_pb2, inference_pb2_grpc, orchestrator_pb2
 from protos.metadata import QUESTION_KEY, RESUME_KEY
 from servicekit.continuation import budget
+from servicekit.tenants import Tenants
 
 log = logging.getLogger(__name__)
 
@@ -111,11 +115,17 @@ class _Timing:
 
 
 class InferenceProxy(inference_pb2_grpc.InferenceServicer):
-    def __init__(self, router: ReplicaRouter, store: LifecycleStore, metrics: OrchestratorMetrics) -> None:
+    def __init__(self, router: ReplicaRouter, store: LifecycleStore, metrics: OrchestratorMetrics,
+                 gate: TenantGate | None = None) -> None:
         self.router = router
         self.store = store
         self.metrics = metrics
         self.chat_formats = ChatFormats()
+        self.gate = gate or TenantGate(Tenants(), None, metrics)    # tenants and their limits (admission.py)
+
+    def _gated(self, context, request_id: str, responses: AsyncIterator, resumed: bool = False) -> AsyncIterator:
+        """`responses` (a Generate's or StreamPrompt's) behind the tenant gate (admission.py)."""
+        return self.gate.serve(context, request_id, responses, lambda response: response.event, resumed=resumed)
 
     async def _choose(self, context, key: str) -> Replica:
         """The replica for `key`; with none available, wait a little for one (failures.py)."""
@@ -149,6 +159,13 @@ class InferenceProxy(inference_pb2_grpc.InferenceServicer):
         return False
 
     async def Generate(self, request, context) -> AsyncIterator[inference_pb2.GenerateResponse]:
+        if not request.request_id:            # named here, so that the gate records the tenant under it
+            request.request_id = uuid.uuid4().hex
+        async for response in self._gated(context, request.request_id, self._generate(request, context),
+                                          resumed=resume_of(context) is not None):
+            yield response
+
+    async def _generate(self, request, context) -> AsyncIterator[inference_pb2.GenerateResponse]:
         """The answer, kept going by a keeper (keeper.py) like an Ask's: moved once before its first
         token, continued on another replica after it; a re-issue (`RESUME_KEY`) continues it."""
         request_id = request.request_id or uuid.uuid4().hex
@@ -210,6 +227,10 @@ class InferenceProxy(inference_pb2_grpc.InferenceServicer):
                 await record_cancelled(self.store, request_id)
 
     async def StreamPrompt(self, request_iterator, context) -> AsyncIterator[inference_pb2.StreamPromptResponse]:
+        async for response in self._gated(context, "", self._stream_prompt(request_iterator, context)):
+            yield response
+
+    async def _stream_prompt(self, request_iterator, context) -> AsyncIterator[inference_pb2.StreamPromptResponse]:
         first = await anext(request_iterator, None)
         if first is None:
             return
@@ -222,6 +243,9 @@ class InferenceProxy(inference_pb2_grpc.InferenceServicer):
         if request_id:          # not an open: the replica refuses it, and there is nothing to record
             await record_created(self.store, request_id, question_of(context, opened.segments), retriever="none",
                                  streamed=True, replica=replica.address)
+            identity = current_identity.get()
+            if identity is not None:
+                await record_tenant(self.store, request_id, identity.tenant.name, identity.priority)
         call = replica.stub.StreamPrompt(timeout=context.time_remaining())
         pump = asyncio.create_task(self._pump(first, request_iterator, call))
         outcome = "cancelled"

@@ -123,6 +123,8 @@ def to_proto(stored: StoredRequest) -> orchestrator_pb2.RequestRecord:
         ttft_from_question_s=stored.ttft_from_question_s,
         ttft_from_retrieval_end_s=stored.ttft_from_retrieval_end_s,
         error=stored.error,
+        tenant=stored.extra.get("tenant", ""),
+        priority=int(stored.extra.get("priority", "0") or 0),
     )
     if stored.stats:
         record.stats.CopyFrom(_stats_proto(stored.stats))

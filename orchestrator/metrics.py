@@ -20,6 +20,16 @@ class OrchestratorMetrics:
         self.ttft_retrieval = Histogram("streamrag_ask_ttft_after_retrieval_seconds",
                                         "First answer token after retrieval ended", ["mode"], buckets=BUCKETS,
                                         registry=r)
+        # Per tenant (servicekit/tenants.py; "" on a service without keys): every request the orchestrator
+        # serves (Ask, plain Generate, StreamPrompt) by outcome, its tokens, first-token time and refusals.
+        self.tenant_requests = Counter("streamrag_tenant_requests", "Requests by tenant and outcome",
+                                       ["tenant", "outcome"], registry=r)
+        self.tenant_tokens = Counter("streamrag_tenant_tokens", "Tokens served by tenant (prompt, generated)",
+                                     ["tenant", "kind"], registry=r)
+        self.tenant_ttft = Histogram("streamrag_tenant_ttft_seconds", "First answer token after the request, by tenant",
+                                     ["tenant"], buckets=BUCKETS, registry=r)
+        self.tenant_rejections = Counter("streamrag_tenant_rejections", "Requests refused by tenant and reason "
+                                         "(a limit's name, or queue_timeout)", ["tenant", "reason"], registry=r)
         self.retrieval = Histogram("streamrag_ask_retrieval_seconds", "Retrieval time", ["mode"], buckets=BUCKETS,
                                    registry=r)
 

@@ -85,6 +85,11 @@ async def record_lifecycle(store: LifecycleStore, request_id: str, lifecycle: co
     await store.event(request_id, lifecycle_kind_name(lifecycle.kind), detail=lifecycle.detail, count=lifecycle.count)
 
 
+async def record_tenant(store: LifecycleStore, request_id: str, tenant: str, priority: int) -> None:
+    """Who the request is for: its tenant and priority (orchestrator/tenancy.py)."""
+    await store.update(request_id, tenant=tenant, priority=priority)
+
+
 async def record_error(store: LifecycleStore, request_id: str, detail: str, **fields: Any) -> None:
     """Something went wrong that the request may outlive (a retriever, a replica); `fields`: more to keep."""
     await store.event(request_id, "ERROR", **fields, detail=detail)

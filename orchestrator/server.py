@@ -5,14 +5,17 @@ from __future__ import annotations
 import argparse
 import asyncio
 
+from orchestrator.admission import TenantGate
 from orchestrator.discovery import DEFAULT_REFRESH_S, ReplicaDiscovery, split_targets
 from orchestrator.inference_proxy import InferenceProxy
 from orchestrator.lifecycle_store import LifecycleStore
+from orchestrator.limits import TenantLimits
 from orchestrator.metrics import OrchestratorMetrics
 from orchestrator.router import ReplicaRouter
 from orchestrator.servicer import OrchestratorServicer
 from orchestrator.session_directory import SessionDirectory
 from orchestrator.sessions_servicer import SessionsProxy
+from orchestrator.tenancy import identity_interceptors
 from protos import (
     inference_pb2,
     inference_pb2_grpc,
@@ -27,6 +30,7 @@ from servicekit.channels import open_channel
 from servicekit.config import DEFAULT_PORTS, ServiceConfig, service_config_from_args
 from servicekit.redis_url import RedisUrlError, check_reachable
 from servicekit.server import ServiceRunner, configure_logging
+from servicekit.tenants import Tenants, load_tenants, parse_tenants
 from servicekit.tls import INFERENCE, TlsFiles, tls_from_args
 
 SERVICE_NAME = orchestrator_pb2.DESCRIPTOR.services_by_name["Orchestrator"].full_name
@@ -43,14 +47,18 @@ class OrchestratorService:
     def __init__(self, config: ServiceConfig, *, redis_url: str, inference: list[str], retrievers: dict[str, str],
                  ttl_s: int = 86400, weights: tuple[float, ...] = (0.4, 0.1, 0.3, 0.2),
                  router_refresh_s: float = 1.0, api_keys: tuple[str, ...] = (), tls: TlsFiles | None = None,
-                 dns_refresh_s: float = DEFAULT_REFRESH_S) -> None:
+                 dns_refresh_s: float = DEFAULT_REFRESH_S, tenants: Tenants | None = None) -> None:
+        """`tenants`: the tenants file's (servicekit/tenants.py); None: each of `api_keys` a tenant of its own."""
+        tenants = tenants if tenants is not None else parse_tenants("", api_keys)
+        api_keys = tenants.keys or api_keys
         self.store = LifecycleStore(redis_url, ttl_s=ttl_s)
         # `inference`: replica addresses and DNS names whose addresses are replicas (orchestrator.discovery).
         # A replica found by a name is verified against that name, one dialed by address as `inference`.
+        # Every call to a replica carries the tenant and priority of the request it serves (tenancy.py).
         static, targets = split_targets(inference)
         self.router = ReplicaRouter(static, weights=weights, refresh_s=router_refresh_s, channel_factory=lambda address:
                                     open_channel(address, tls, options=self.discovery.channel_options(address),
-                                                 server_name=INFERENCE))
+                                                 server_name=INFERENCE, interceptors=identity_interceptors()))
         self.discovery = ReplicaDiscovery(self.router, targets, static, refresh_s=dns_refresh_s)
         # The retrievers honour the same keys: the orchestrator presents its own (the first) to them.
         self.channels = {name: open_channel(address, tls, api_key=ApiKeys(api_keys).own, server_name=name)
@@ -58,11 +66,14 @@ class OrchestratorService:
         stubs = {name: retriever_pb2_grpc.RetrieverStub(channel) for name, channel in self.channels.items()}
         self.metrics = OrchestratorMetrics()
         self.metrics.watch_store(self.store)
-        self.servicer = OrchestratorServicer(self.router, stubs, self.store, self.metrics)
+        limited = any(tenant.limited for tenant in tenants.tenants.values())
+        self.limits = TenantLimits(redis_url, self.metrics.registry) if limited else None
+        self.gate = TenantGate(tenants, self.limits, self.metrics, self.store)
+        self.servicer = OrchestratorServicer(self.router, stubs, self.store, self.metrics, self.gate)
         self.directory = SessionDirectory(redis_url, ttl_s=ttl_s)
         self.sessions = SessionsProxy(self.router, self.directory, self.store)
         # Prompts without retrieval (the gateway's plain chats), routed and recorded like Asks.
-        self.inference = InferenceProxy(self.router, self.store, self.metrics)
+        self.inference = InferenceProxy(self.router, self.store, self.metrics, self.gate)
         self.runner = ServiceRunner(config, [(orchestrator_pb2_grpc.add_OrchestratorServicer_to_server, self.servicer),
                                              (sessions_pb2_grpc.add_SessionsServicer_to_server, self.sessions),
                                              (inference_pb2_grpc.add_InferenceServicer_to_server, self.inference)],
@@ -83,6 +94,8 @@ class OrchestratorService:
         await self.router.stop()
         await self.store.close()
         await self.directory.close()
+        if self.limits is not None:
+            await self.limits.close()
         for channel in self.channels.values():
             await channel.close()
 
@@ -105,12 +118,13 @@ async def serve(args: argparse.Namespace) -> None:
         check_reachable(args.redis)
     except RedisUrlError as exc:
         raise SystemExit(f"error: --redis: {exc}") from None
+    tenants = load_tenants(getattr(args, "tenants", None), api_keys)
     try:
         service = OrchestratorService(service_config_from_args("orchestrator", args), redis_url=args.redis,
                                       inference=inference,
                                       retrievers={"anns": args.anns, "crawler": args.crawler, "replay": args.replay},
                                       ttl_s=args.ttl, weights=parse_weights(args.router_weights),
-                                      api_keys=api_keys, tls=tls, dns_refresh_s=args.dns_refresh)
+                                      api_keys=api_keys, tls=tls, dns_refresh_s=args.dns_refresh, tenants=tenants)
     except ValueError as exc:
         raise SystemExit(f"error: {exc}") from None
     port = await service.start()

@@ -6,6 +6,7 @@ import argparse
 
 from servicekit.auth import add_api_key_args
 from servicekit.config import DEFAULT_PORTS, add_service_args, env_default
+from servicekit.tenants import add_tenants_args
 from servicekit.tls import add_tls_args
 
 
@@ -31,4 +32,5 @@ def add_orchestrator_args(parser: argparse.ArgumentParser) -> None:
                         help="FlowGuard weights: locality,memory,queue,load")
     parser.add_argument("--log-level", default=env("log_level", "INFO"))
     add_api_key_args(parser, "orchestrator")
+    add_tenants_args(parser, "orchestrator")
     add_tls_args(parser, "orchestrator")

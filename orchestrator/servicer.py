@@ -4,11 +4,13 @@
 from __future__ import annotations
 
 import logging
+import uuid
 from collections.abc import AsyncIterator, Awaitable
 from typing import TypeVar
 
 import grpc
 
+from orchestrator.admission import TenantGate
 from orchestrator.ask import AskFailed, AskPipeline, BadAsk, validate_ask
 from orchestrator.chat_formats import ChatFormats
 from orchestrator.lifecycle_store import StoreUnavailable, to_proto
@@ -16,6 +18,7 @@ from orchestrator.metrics import OrchestratorMetrics
 from orchestrator.recording import abort_failed
 from orchestrator.router import NoReplicaAvailable
 from protos import orchestrator_pb2, orchestrator_pb2_grpc
+from servicekit.tenants import Tenants
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -32,14 +35,24 @@ def list_limit(requested: int, most: int) -> int:
 
 
 class OrchestratorServicer(orchestrator_pb2_grpc.OrchestratorServicer):
-    def __init__(self, router, retriever_stubs: dict, store, metrics: OrchestratorMetrics | None = None) -> None:
+    def __init__(self, router, retriever_stubs: dict, store, metrics: OrchestratorMetrics | None = None,
+                 gate: TenantGate | None = None) -> None:
         self.router = router
         self.retriever_stubs = retriever_stubs
         self.store = store
         self.metrics = metrics or OrchestratorMetrics()
         self.chat_format = ChatFormats()      # each replica's, asked once (Describe)
+        self.gate = gate or TenantGate(Tenants(), None, self.metrics)   # tenants and their limits (admission.py)
 
     async def Ask(self, request, context) -> AsyncIterator[orchestrator_pb2.AskResponse]:
+        if not request.request_id and not request.HasField("resume"):   # named here, so that the gate records
+            # the tenant under it (a resume without its request's id is refused by validate_ask)
+            request.request_id = uuid.uuid4().hex
+        async for response in self.gate.serve(context, request.request_id, self._ask(request, context),
+                                              lambda response: response.event, resumed=request.HasField("resume")):
+            yield response
+
+    async def _ask(self, request, context) -> AsyncIterator[orchestrator_pb2.AskResponse]:
         try:
             settings = validate_ask(request, set(self.retriever_stubs))
         except BadAsk as exc:
@@ -85,7 +98,11 @@ class OrchestratorServicer(orchestrator_pb2_grpc.OrchestratorServicer):
             limit = list_limit(request.limit, self.store.recent_max)
         except ValueError as exc:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
-        stored = await self._read(context, self.store.recent(limit))
+        if request.tenant:          # the tenant's among the newest the index holds
+            stored = await self._read(context, self.store.recent(self.store.recent_max))
+            stored = [r for r in stored if r.extra.get("tenant") == request.tenant][:limit]
+        else:
+            stored = await self._read(context, self.store.recent(limit))
         return orchestrator_pb2.ListRequestsResponse(records=[to_proto(r) for r in stored])
 
     @staticmethod

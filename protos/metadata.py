@@ -25,3 +25,29 @@ RESUME_KEY = "streamrag-resume"
 # had before the call, as decimal text. The orchestrator skips the batches already past it (they
 # landed before the break) and ingests the rest (servicekit/session_reissue.py).
 INGEST_AFTER_KEY = "streamrag-ingest-after"
+
+# Call metadata naming the tenant a request is for (servicekit/tenants.py), and that tenant's
+# fair-share weight and the request's priority (an integer, lower runs sooner, as vLLM's). The
+# gateway names the tenant to the orchestrator (which honours it only from the stack's own key);
+# the orchestrator sends all three to the replica on every call it makes for the request, and the
+# replica's scheduler shares its steps between tenants by weight (engine/fair_share.py).
+TENANT_KEY = "streamrag-tenant"
+TENANT_WEIGHT_KEY = "streamrag-tenant-weight"
+PRIORITY_KEY = "streamrag-priority"
+
+
+def identity_metadata(tenant: str, weight: float = 1.0, priority: int = 0) -> tuple[tuple[str, str], ...]:
+    """The metadata naming `tenant` (with its weight; none for the anonymous tenant "") and a priority
+    (when not 0)."""
+    out: list[tuple[str, str]] = []
+    if tenant:
+        out += [(TENANT_KEY, tenant), (TENANT_WEIGHT_KEY, f"{weight:g}")]
+    if priority:
+        out.append((PRIORITY_KEY, str(priority)))
+    return tuple(out)
+
+# Trailing metadata of a call refused for a tenant's limit (RESOURCE_EXHAUSTED) or for waiting too
+# long to start (UNAVAILABLE): seconds to wait before retrying, and OpenAI's rate-limit headers
+# (`x-ratelimit-*`), which the gateway copies onto its 429/503 answer.
+RETRY_AFTER_KEY = "retry-after"
+RATE_LIMIT_PREFIX = "x-ratelimit-"

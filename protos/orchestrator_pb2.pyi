@@ -189,10 +189,12 @@ class GetRequestResponse(_message.Message):
     def __init__(self, record: _Optional[_Union[RequestRecord, _Mapping]] = ...) -> None: ...
 
 class ListRequestsRequest(_message.Message):
-    __slots__ = ("limit",)
+    __slots__ = ("limit", "tenant")
     LIMIT_FIELD_NUMBER: _ClassVar[int]
+    TENANT_FIELD_NUMBER: _ClassVar[int]
     limit: int
-    def __init__(self, limit: _Optional[int] = ...) -> None: ...
+    tenant: str
+    def __init__(self, limit: _Optional[int] = ..., tenant: _Optional[str] = ...) -> None: ...
 
 class ListRequestsResponse(_message.Message):
     __slots__ = ("records",)
@@ -201,7 +203,7 @@ class ListRequestsResponse(_message.Message):
     def __init__(self, records: _Optional[_Iterable[_Union[RequestRecord, _Mapping]]] = ...) -> None: ...
 
 class RequestRecord(_message.Message):
-    __slots__ = ("request_id", "question", "state", "replica", "retriever", "streamed", "created_unix_ms", "updated_unix_ms", "stats", "events", "answer", "ttft_from_question_s", "ttft_from_retrieval_end_s", "error")
+    __slots__ = ("request_id", "question", "state", "replica", "retriever", "streamed", "created_unix_ms", "updated_unix_ms", "stats", "events", "answer", "ttft_from_question_s", "ttft_from_retrieval_end_s", "error", "tenant", "priority")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     QUESTION_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
@@ -216,6 +218,8 @@ class RequestRecord(_message.Message):
     TTFT_FROM_QUESTION_S_FIELD_NUMBER: _ClassVar[int]
     TTFT_FROM_RETRIEVAL_END_S_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
+    TENANT_FIELD_NUMBER: _ClassVar[int]
+    PRIORITY_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     question: str
     state: RequestState
@@ -230,7 +234,9 @@ class RequestRecord(_message.Message):
     ttft_from_question_s: float
     ttft_from_retrieval_end_s: float
     error: str
-    def __init__(self, request_id: _Optional[str] = ..., question: _Optional[str] = ..., state: _Optional[_Union[RequestState, str]] = ..., replica: _Optional[str] = ..., retriever: _Optional[_Union[RetrieverChoice, str]] = ..., streamed: _Optional[bool] = ..., created_unix_ms: _Optional[int] = ..., updated_unix_ms: _Optional[int] = ..., stats: _Optional[_Union[_common_pb2.RequestStats, _Mapping]] = ..., events: _Optional[_Iterable[_Union[RecordedEvent, _Mapping]]] = ..., answer: _Optional[str] = ..., ttft_from_question_s: _Optional[float] = ..., ttft_from_retrieval_end_s: _Optional[float] = ..., error: _Optional[str] = ...) -> None: ...
+    tenant: str
+    priority: int
+    def __init__(self, request_id: _Optional[str] = ..., question: _Optional[str] = ..., state: _Optional[_Union[RequestState, str]] = ..., replica: _Optional[str] = ..., retriever: _Optional[_Union[RetrieverChoice, str]] = ..., streamed: _Optional[bool] = ..., created_unix_ms: _Optional[int] = ..., updated_unix_ms: _Optional[int] = ..., stats: _Optional[_Union[_common_pb2.RequestStats, _Mapping]] = ..., events: _Optional[_Iterable[_Union[RecordedEvent, _Mapping]]] = ..., answer: _Optional[str] = ..., ttft_from_question_s: _Optional[float] = ..., ttft_from_retrieval_end_s: _Optional[float] = ..., error: _Optional[str] = ..., tenant: _Optional[str] = ..., priority: _Optional[int] = ...) -> None: ...
 
 class RecordedEvent(_message.Message):
     __slots__ = ("stream_id", "kind", "unix_ms", "fields")

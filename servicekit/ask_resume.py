@@ -34,6 +34,14 @@ RESUMABLE = frozenset({grpc.StatusCode.UNAVAILABLE})
 MAX_REISSUES = 3               # times a caller re-issues one broken call to another orchestrator
 
 
+def told_to_retry_later(exc: grpc.RpcError) -> bool:
+    """An orchestrator's answer, not a broken one: it shed the ask and said when to retry (`retry-after`)."""
+    try:
+        return any(key == "retry-after" for key, _ in exc.trailing_metadata() or ())   # protos.metadata's key
+    except Exception:
+        return False
+
+
 class ResumableAsk:
     """`async for response in ResumableAsk(stub.Ask-like callable, request)`; `cancel()` cancels the
     call in flight. `ask(request)` opens one call (timeout and metadata are the caller's)."""
@@ -71,7 +79,8 @@ class ResumableAsk:
                     yield response
                 return
             except grpc.RpcError as exc:
-                if self._cancelled or exc.code() not in RESUMABLE or self.attempt >= self.max_reissues:
+                if (self._cancelled or exc.code() not in RESUMABLE or self.attempt >= self.max_reissues
+                        or told_to_retry_later(exc)):
                     raise
                 self.attempt += 1
                 log.warning("ask %s broke (%s: %s) after %d tokens; re-issuing it (attempt %d)", self.request_id,

@@ -43,14 +43,15 @@ SERVER_KEEPALIVE_OPTIONS = (("grpc.http2.min_ping_interval_without_data_ms", 250
 
 
 def open_channel(address: str, tls: TlsFiles | None = None, options: Sequence[tuple[str, object]] = (),
-                 api_key: str | None = None, server_name: str | None = None) -> grpc.aio.Channel:
+                 api_key: str | None = None, server_name: str | None = None,
+                 interceptors: Sequence[grpc.aio.ClientInterceptor] = ()) -> grpc.aio.Channel:
     """A `grpc.aio` channel to `address` with the reconnect and keepalive options above (`options`
     add to or override them): TLS when `tls.ca` is set, plaintext otherwise; presenting `api_key` when
-    given. Over TLS, a server reached by address (a list, an IP) must hold a certificate naming
-    `server_name`, the service dialed (`servicekit.tls.authority_options`), unless `options` name the
-    authority themselves."""
+    given; `interceptors`: more client interceptors. Over TLS, a server reached by address (a list, an
+    IP) must hold a certificate naming `server_name`, the service dialed
+    (`servicekit.tls.authority_options`), unless `options` name the authority themselves."""
     merged = list(dict([*RECONNECT_OPTIONS, *KEEPALIVE_OPTIONS, *options]).items())
-    interceptors = bearer_aio_interceptors(api_key) if api_key else None
+    interceptors = [*(bearer_aio_interceptors(api_key) if api_key else ()), *interceptors] or None
     if tls is not None and tls.ca is not None:
         named = {"grpc.default_authority", "grpc.ssl_target_name_override"} & dict(options).keys()
         if not named:                   # an authority the caller gives (a name it resolved) is the one checked

@@ -117,6 +117,9 @@ COMMANDS = (
     Command("bench sessions", "session query TTFT as the session grows vs Generate and the prefix cache; Flash hits; "
                               "ingestion tokens/s",
             "load_tests.sessions_bench:add_bench_sessions_args", "load_tests.sessions_bench:run_bench_sessions"),
+    Command("bench fairness", "two tenants on one replica: a light user beside a flood with fair share off and on, "
+            "and two floods' shares by weight", "load_tests.fairness_bench:add_bench_fairness_args",
+            "load_tests.fairness_bench:run_bench_fairness"),
     Command("bench report", "regenerate the results page (docs/results.md) and its plots from the result summaries",
             "load_tests.results_page:add_bench_report_args", "load_tests.results_page:run_bench_report"),
     Command("bench embed", "embedding backends side by side: passages/s and agreement with the reference",

@@ -21,6 +21,8 @@ def add_requests_args(parser: argparse.ArgumentParser) -> None:
                         help=f"host:port (default: the local stack's, else {DEFAULT_ORCHESTRATOR})")
     parser.add_argument("--limit", type=int, default=0, help="how many of the newest to list (default: the "
                                                               "orchestrator's)")
+    parser.add_argument("--tenant", default="", metavar="NAME",
+                        help="only this tenant's requests (the tenants file's name, docs/gateway.md)")
 
 
 def state_name(state: int) -> str:
@@ -31,6 +33,8 @@ def print_record(record: orchestrator_pb2.RequestRecord) -> None:
     """One request's lifecycle: its state, question, each event (time from the first) and the answer."""
     print(f"{record.request_id}  {orchestrator_pb2.RequestState.Name(record.state)}  replica {record.replica}")
     print(f"question: {record.question}")
+    if record.tenant:
+        print(f"tenant: {record.tenant}  priority {record.priority}")
     first = record.events[0].unix_ms if record.events else 0
     for event in record.events:
         fields = " ".join(f"{k}={v}" for k, v in sorted(event.fields.items()))
@@ -47,11 +51,12 @@ def run_requests(args: argparse.Namespace) -> int:
                 print_record(stub.GetRequest(orchestrator_pb2.GetRequestRequest(request_id=args.request_id),
                                              timeout=TIMEOUT_S).record)
                 return 0
-            records = stub.ListRequests(orchestrator_pb2.ListRequestsRequest(limit=args.limit),
+            records = stub.ListRequests(orchestrator_pb2.ListRequestsRequest(limit=args.limit, tenant=args.tenant),
                                         timeout=TIMEOUT_S).records
     except grpc.RpcError as exc:
         print(f"error: {exc.code().name}: {exc.details()}", file=sys.stderr)
         return 1
     for record in records:
-        print(f"{record.request_id}  {state_name(record.state):10s} {record.question[:70]}")
+        tenant = f"{record.tenant:12s} " if args.tenant or record.tenant else ""
+        print(f"{record.request_id}  {state_name(record.state):10s} {tenant}{record.question[:70]}")
     return 0

@@ -17,6 +17,10 @@ class here and listing it in `POLICIES`; the scheduler does not change.
 - `klpm`: k-LPM: the oldest request, then the k-1 requests with the longest cached prefix,
   repeated.
 
+Between tenants, `make_policy(..., fair_share=True)` (the service's default: `--fair-share`) wraps the
+policy in `fair_share.FairSharePolicy` (weighted virtual token counters): the policy then orders each
+tenant's requests.
+
 Ordering runs every engine step over every unfinished request, so the policies avoid
 tuple sort keys: a multi-key order is built from stable single-key sorts (least significant
 key first; `reverse=True` keeps ties in input order) and stable tier partitions, which gives
@@ -29,6 +33,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from operator import attrgetter
 
+from inference_svc.engine.fair_share import FairSharePolicy
 from inference_svc.engine.request import Request, RequestState
 
 _arrival = attrgetter("arrival_time")
@@ -61,6 +66,9 @@ class Policy:
 
     def eviction_order(self, ranked: Sequence[Request]) -> list[Request]:
         return list(reversed(ranked))
+
+    def charge(self, request: Request, tokens: int) -> None:
+        """`tokens` of `request` were scheduled this step (a fair-share policy counts them)."""
 
 
 def _tiered(ranked: list[Request]) -> list[Request]:
@@ -193,9 +201,11 @@ POLICIES: dict[str, Callable[[], Policy]] = {
 }
 
 
-def make_policy(name: str, **options: float) -> Policy:
+def make_policy(name: str, fair_share: bool = False, **options: float) -> Policy | FairSharePolicy:
+    """The policy `name` with its `options`; with `fair_share`, shared between tenants (fair_share.py)."""
     try:
         factory = POLICIES[name]
     except KeyError:
         raise ValueError(f"unknown policy {name!r}; choose one of {', '.join(POLICIES)}") from None
-    return factory(**options)
+    policy = factory(**options)
+    return FairSharePolicy(policy) if fair_share else policy

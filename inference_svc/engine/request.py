@@ -107,8 +107,10 @@ class Request:
     request_id: str
     sampling: SamplingParams
     arrival_time: float
-    priority: int = 0
+    priority: int = 0                     # lower runs sooner, within its tenant (fair_share.py)
     sched_class: SchedClass = SchedClass.INTERACTIVE
+    tenant: str = ""                      # who it is served for, and that tenant's weight (fair_share.py)
+    tenant_weight: float = 1.0
     head_segments: list[Segment] = field(default_factory=list)
     context_segments: list[Segment] = field(default_factory=list)
     suffix_segments: list[Segment] = field(default_factory=list)

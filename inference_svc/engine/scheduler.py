@@ -391,6 +391,7 @@ class Scheduler:
                 plan.not_chosen.append(request)
                 continue
             out.chunks.append(chunk)
+            self.policy.charge(request, chunk.num_tokens)   # fair share: as it is computed (fair_share.py)
             request.passed_over_since = None
             if request.queued_since is not None:
                 request.stats.time_queued_s += now - request.queued_since

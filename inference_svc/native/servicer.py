@@ -16,6 +16,7 @@ from inference_svc.rpc.errors import status_for
 from inference_svc.rpc.metrics import InferenceMetrics
 from inference_svc.rpc.servicer import StreamServicerBase
 from inference_svc.rpc.stats import counters_to_proto
+from inference_svc.rpc.tenancy import CURRENT_SHARE
 from protos import inference_pb2
 
 
@@ -36,9 +37,11 @@ class NativeServicer(StreamServicerBase):
         step (waiting here cost a streamed single-chunk query a step that Generate did not pay).
         A refusal reaches the call through `events`."""
         events = self.engine_thread.subscribe(request_id)
+        share = CURRENT_SHARE.get()              # the call's tenant (rpc/tenancy.py), read on this loop
 
         def start(engine: Engine) -> None:
-            engine.open(request_id, segments, sampling, priority, arrived_at=arrived)
+            request = engine.open(request_id, segments, sampling, priority, arrived_at=arrived)
+            request.tenant, request.tenant_weight = share.tenant, share.weight   # before any step ranks it
             if complete:   # in the same command: no step sees the prompt as partial
                 try:
                     engine.finish(request_id, arrived_at=arrived)

@@ -58,6 +58,7 @@ from inference_svc.rpc.convert import (
 from inference_svc.rpc.errors import ErrorStatus, status_for
 from inference_svc.rpc.metrics import InferenceMetrics
 from inference_svc.rpc.summary import RequestSummary
+from inference_svc.rpc.tenancy import CURRENT_SHARE, share_of
 from protos import inference_pb2, inference_pb2_grpc
 from servicekit.server import UndecodableRequest
 
@@ -148,6 +149,9 @@ class StreamServicerBase(inference_pb2_grpc.InferenceServicer):
             segments = await self._parse(context, segments_from_proto, opening.segments)
             sampling = await self._parse(context, sampling_from_proto, opening.sampling, opening.HasField("sampling"))
             self._note_policy_hint(request_id, opening.policy_hint)
+            share, priority = await self._parse(context, share_of, context.invocation_metadata())
+            CURRENT_SHARE.set(share)             # for the backend's _open (rpc/tenancy.py)
+            priority = opening.priority if priority is None else priority
             complete = request_iterator is None
             inbox: asyncio.Queue = asyncio.Queue()
             receiver = None if complete else asyncio.create_task(self._receive(request_iterator, inbox))
@@ -156,7 +160,7 @@ class StreamServicerBase(inference_pb2_grpc.InferenceServicer):
             reader = None
             try:
                 try:
-                    events = await self._open(request_id, segments, sampling, opening.priority, arrived, complete)
+                    events = await self._open(request_id, segments, sampling, priority, arrived, complete)
                 except Exception as exc:
                     await self._abort_with(context, status_for(exc))
                 if receiver is not None:

@@ -12,7 +12,10 @@ What vLLM does not know, the backend's session code tells it (`stream_marks`): e
 `SamplingParams.extra_args` carries whether the context is complete after this turn (the
 `finish` turn, or a whole prompt) and when the turn's chunk arrived (wall clock, the clock
 of vLLM's own `arrival_time`). vLLM overwrites a session's `arrival_time` with each turn's, so
-the first arrival is remembered here.
+the first arrival is remembered here. A request's first submission also carries who it is for
+(`share_marks`: tenant, weight, priority), kept in its view for fair share between tenants
+(`make_policy(..., fair_share=True)`, engine/fair_share.py), which `charge` feeds with the tokens
+vLLM scheduled for each request.
 """
 
 from __future__ import annotations
@@ -26,6 +29,21 @@ from inference_svc.engine.policies import Policy, PolicyContext, make_policy
 from inference_svc.engine.request import RequestState
 
 MARKS_KEY = "streamrag"          # the key of our marks in vLLM's SamplingParams.extra_args
+SHARE_KEY = "streamrag_share"    # ... and of the request's tenant, weight and priority
+
+
+def share_marks(tenant: str = "", weight: float = 1.0, priority: int = 0) -> dict[str, Any]:
+    """The `extra_args` naming who a submission is for (fair share between tenants)."""
+    return {SHARE_KEY: {"tenant": tenant, "weight": float(weight), "priority": int(priority)}}
+
+
+def read_share(sampling_params: Any) -> tuple[str, float, int] | None:
+    """(tenant, weight, priority) from a submission's sampling parameters; None when it names none."""
+    extra = getattr(sampling_params, "extra_args", None)
+    share = extra.get(SHARE_KEY) if isinstance(extra, Mapping) else None
+    if not isinstance(share, Mapping):
+        return None
+    return str(share.get("tenant", "")), float(share.get("weight", 1.0)), int(share.get("priority", 0))
 
 
 def stream_marks(complete: bool, chunk_at: float | None = None) -> dict[str, Any]:
@@ -58,6 +76,10 @@ class PolicyView:
     preempted_at: float | None = None
     passed_over_since: float | None = None
     num_preemptions: int = 0
+    tenant: str = ""                           # fair share (share_marks)
+    tenant_weight: float = 1.0
+    priority: int = 0
+    num_schedulable_tokens: int = 1            # tokens it could compute now (fair share's cost)
 
 
 # vLLM RequestStatus names that mean "holds device KV and is being computed"
@@ -94,6 +116,10 @@ class PolicyRanker:
         if chunk_at > view.last_chunk_arrival_time:
             view.last_chunk_arrival_time = chunk_at
         view.num_computed_tokens = int(getattr(request, "num_computed_tokens", 0))
+        view.num_schedulable_tokens = max(int(getattr(request, "num_tokens", 0)) - view.num_computed_tokens, 1)
+        share = read_share(getattr(request, "sampling_params", None))
+        if share is not None:
+            view.tenant, view.tenant_weight, view.priority = share
         running = status_name(request) in RUNNING_STATUSES
         if running and view.state is not RequestState.RUNNING:
             view.admitted_seq = self._admissions
@@ -133,6 +159,13 @@ class PolicyRanker:
         else:
             ctx = PolicyContext(now, lambda v: cached_prefix_tokens(v.source))
         return [v.source for v in self.policy.order(views, ctx)]
+
+    def charge(self, scheduled_tokens: Mapping[str, int]) -> None:
+        """The tokens vLLM scheduled this step, per request id: fair share counts them as computed."""
+        for rid, tokens in scheduled_tokens.items():
+            view = self.views.get(rid)
+            if view is not None:
+                self.policy.charge(view, int(tokens))
 
     def note_scheduled(self, scheduled_ids: set[str], runnable: Sequence[Any], now: float | None = None) -> None:
         """After a step: a runnable request not scheduled is passed over from now (LCAS's

@@ -79,6 +79,7 @@ class PolicySchedulingMixin:
             self.kv_holding_waiting.extend(held_waiting)
             self._order_running()
         self.ranker.note_scheduled(set(out.num_scheduled_tokens), runnable, now)
+        self.ranker.charge(out.num_scheduled_tokens)        # fair share between tenants, when on
         if self._step_log is not None:
             self._log_step(now, out, runnable, len(held_running), len(held_waiting), time.perf_counter() - started)
         return out

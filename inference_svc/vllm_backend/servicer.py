@@ -11,6 +11,7 @@ from inference_svc.engine.sampler import SamplingParams
 from inference_svc.options import DEFAULT_MAX_STREAMS
 from inference_svc.rpc.metrics import InferenceMetrics
 from inference_svc.rpc.servicer import StreamServicerBase
+from inference_svc.rpc.tenancy import CURRENT_SHARE
 from inference_svc.vllm_backend.prompt import StreamedPrompt
 from inference_svc.vllm_backend.session import VllmRequest
 from inference_svc.vllm_backend.stats import StatsSource
@@ -32,9 +33,10 @@ class VllmServicer(StreamServicerBase):
     async def _open(self, request_id: str, segments: list[Segment], sampling: SamplingParams, priority: int,
                     arrived: float, complete: bool) -> asyncio.Queue:
         events: asyncio.Queue = asyncio.Queue()
-        # `priority` (the caller's hint) is not used: our policies rank by their own rules on both backends
+        # `priority` orders within the request's tenant under fair share (engine/fair_share.py), as natively
         request = VllmRequest(self.llm, request_id, self.new_prompt(), sampling, events,
                               self.decode, arrived, self.stats.request_ended)
+        request.share, request.priority = CURRENT_SHARE.get(), priority
         try:
             if complete:
                 request.open((), arrived)

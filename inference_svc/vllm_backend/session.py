@@ -38,12 +38,13 @@ from vllm.sampling_params import RequestOutputKind
 from vllm.v1.engine.async_llm import AsyncLLM
 
 from inference_svc.engine.events import EngineEvent, EventKind
+from inference_svc.engine.fair_share import NO_SHARE
 from inference_svc.engine.output_text import OutputText
 from inference_svc.engine.request import FinishReason, RequestStats
 from inference_svc.engine.sampler import SamplingParams
 from inference_svc.rpc.summary import RequestSummary
 from inference_svc.vllm_backend.prompt import StreamedPrompt
-from inference_svc.vllm_backend.ranking import stream_marks
+from inference_svc.vllm_backend.ranking import share_marks, stream_marks
 
 log = logging.getLogger(__name__)
 FINISH_REASONS = {"stop": FinishReason.STOP, "length": FinishReason.LENGTH, "abort": FinishReason.ABORT}
@@ -103,6 +104,7 @@ class VllmRequest:
         self._held_until = 0                       # prompt end asked for while a turn ran: the next turn ends there
         self._final_turn: int | None = None
         self.opened_wall = self.last_chunk_wall = time.time()   # the clock of the scheduler's marks
+        self.share, self.priority = NO_SHARE, 0               # who it is for (the servicer sets them)
         self._scheduled = False
         self.finished = False
 
@@ -251,6 +253,9 @@ class VllmRequest:
         return None
 
     def _with_kv_params(self, params: VllmSamplingParams) -> VllmSamplingParams:
+        """A new submission's parameters with who it is for (fair share, ranking.py) and our KV connector's."""
+        params.extra_args = {**(params.extra_args or {}), **share_marks(self.share.tenant, self.share.weight,
+                                                                        self.priority)}
         kv = self._kv_params()
         if kv is not None:
             params.extra_args = {**(params.extra_args or {}), "kv_transfer_params": kv}

@@ -32,6 +32,7 @@ from inference_svc.options import BACKEND_CHOICES
 from servicekit.config import DEFAULT_PORTS
 from servicekit.health import check_health
 from servicekit.redis_url import RedisUrlError, check_reachable
+from servicekit.tenants import load_tenants
 from streamrag.stack.plan import (
     CLI,
     DEFAULT_CORPUS_ROOT,
@@ -118,6 +119,9 @@ def add_up_args(parser: argparse.ArgumentParser) -> None:
                         help="mutual TLS between the services and HTTPS on the gateway, with the certificates of "
                              "`streamrag certs` in DIR (made there when DIR has no ca.crt); clients verify "
                              "with DIR/ca.crt and present DIR/client.crt")
+    parser.add_argument("--tenants", type=Path, default=d.tenants, metavar="FILE",
+                        help="tenants file (TOML: keys, weight and limits per tenant; docs/gateway.md) for the "
+                             "gateway and the orchestrators")
     add_run_dir_arg(parser)
 
 
@@ -295,6 +299,9 @@ def up(options: StackOptions) -> int:
     index_dir = (options.index or default_index_for(corpus_root)).expanduser().resolve()
     if options.tls_dir is not None:            # the services run in the run directory: an absolute path
         options = replace(options, tls_dir=Path(options.tls_dir).expanduser().resolve())
+    if options.tenants is not None:
+        options = replace(options, tenants=Path(options.tenants).expanduser().resolve())
+        load_tenants(options.tenants)          # a bad file stops `up` at once, with its line
     with locked(run_dir):
         status = already_up(run_dir, options.timeout)
         if status is not None:
@@ -386,7 +393,8 @@ def service_details(service: Service, options: dict, timeout_s: float = 2.0) -> 
     if service.kind == "orchestrator":
         return f"{options['replicas']} inference replica(s)"
     if service.kind == "gateway":
-        return f"OpenAI-compatible API at {service.target.removesuffix('/health')}/v1"
+        return f"OpenAI-compatible API at {service.target.removesuffix('/health')}/v1" + gateway_saturation(
+            service, options, timeout_s)
     import grpc
 
     from protos import inference_pb2, inference_pb2_grpc, retriever_pb2, retriever_pb2_grpc
@@ -415,6 +423,25 @@ def service_details(service: Service, options: dict, timeout_s: float = 2.0) -> 
         progress = info.facts.get("default_progress")
         return f"{kind}; default index {info.facts['default_state']}{f' ({progress})' if progress else ''}{collections}"
     return f"{kind}; starts at {info.facts.get('start_urls', '?')}"
+
+
+def gateway_saturation(service, options: dict, timeout_s: float) -> str:
+    """"; SATURATED (...)" when the gateway's /health says it shed requests lately, else ""."""
+    import json
+    import ssl
+    import urllib.request
+
+    tls = stack_client_tls(options)
+    context = ssl.create_default_context(cafile=str(tls.ca)) if tls and tls.ca else None
+    try:
+        with urllib.request.urlopen(service.target, timeout=timeout_s, context=context) as response:
+            health = json.loads(response.read())
+    except (OSError, ValueError):
+        return ""
+    if not health.get("saturated"):
+        return ""
+    return (f"; SATURATED: requests shed (not started within their tenant's max_queue_s), the last "
+            f"{health.get('last_shed_s_ago')} s ago")
 
 
 # ---------------------------------------------------------------- status and down

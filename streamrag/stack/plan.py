@@ -58,6 +58,7 @@ class StackOptions:
     timeout: float = 300.0             # seconds every service gets to become healthy
     anns_backend: str = "diskannpy"    # milvus: an embedded Milvus server (data in <run-dir>/milvus) holds the vectors
     tls_dir: Path | None = None        # mutual TLS between the services, HTTPS on the gateway (stack/tls.py)
+    tenants: Path | None = None        # the tenants file (servicekit/tenants.py) of the gateway and orchestrators
     run_dir: Path | None = None        # None: $STREAMRAG_RUN_DIR or <cache>/run
 
     @classmethod
@@ -165,6 +166,7 @@ def plan_stack(options: StackOptions, index_dir: Path, redis_port: int,
 
     serve = [*CLI, "serve"]
     keys = ["--api-key-file", str(api_key_file)] if api_key_file else []
+    keys += ["--tenants", str(options.tenants)] if options.tenants else []
     corpus_url = f"http://{HOST}:{port('corpus')}/index.html"
     if options.redis:
         redis = Service("redis", "redis", options.redis, None)

@@ -33,6 +33,9 @@ class Context:
     async def abort(self, code, message):
         raise Aborted(f"{code.name}: {message}")
 
+    def invocation_metadata(self):
+        return ()
+
 
 class Messages:
     """The client's messages after `open`, recording when the servicer takes each one."""

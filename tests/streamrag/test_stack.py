@@ -571,3 +571,22 @@ def test_down_escalates_to_sigkill_for_a_process_that_ignores_sigterm():
         if child.poll() is None:
             child.kill()
             child.wait()
+
+
+def test_up_hands_the_tenants_file_to_the_gateway_and_every_orchestrator():
+    services = plan.plan_stack(up_args(orchestrators=2, tenants=Path("/etc/tenants.toml")), Path("/tmp/index"),
+                               redis_port=6379)
+    parser = build_parser()
+    takers = [s for s in services if s.kind in ("gateway", "orchestrator")]
+    assert len(takers) == 3
+    assert all(parser.parse_args(s.argv[3:]).tenants == "/etc/tenants.toml" for s in takers)
+    assert all("--tenants" not in (s.argv or ()) for s in services if s not in takers)
+
+
+def test_up_refuses_a_bad_tenants_file_in_one_line_before_anything_starts(tmp_path: Path, run_dir: Path):
+    bad = tmp_path / "tenants.toml"
+    bad.write_text('[tenants.a]\nkeys = ["k"]\nmax_concurrent = -1\n')
+    up = streamrag("up", "--run-dir", str(run_dir), "--free-ports", "--tenants", str(bad))
+    assert up.returncode == 1 and up.stderr.strip().count("\n") == 0, up.stderr
+    assert "line 3" in up.stderr and "max_concurrent must be positive" in up.stderr
+    assert processes_in(run_dir) == []

@@ -1,0 +1,140 @@
+"""What every request the orchestrator serves passes (an Ask, a plain Generate, a StreamPrompt):
+
+1. who it is for (tenancy.py): a priority that is not an integer ends the call INVALID_ARGUMENT;
+2. its tenant's limits (limits.py): over one, RESOURCE_EXHAUSTED with the retry delay;
+3. its tenant's `max_queue_s` (default 60 s): a request whose answer has not started by then (no
+   token yet: queued, or prefilling behind others) is shed, UNAVAILABLE with `retry-after` in the
+   trailing metadata, its replica call cancelled (which frees its blocks) and its record FAILED; so
+   every request answers or is refused within `max_queue_s`, never left to hang until the client's
+   own timeout. A request whose answer is streaming is never shed.
+
+`TenantGate.serve` wraps a servicer's response stream in all three, charges the tenant's tokens
+when the answer is done, and counts per tenant: requests by outcome, tokens, first-token times and
+refusals (metrics.py). The orchestrator is saturated while it has shed a request in the last
+`SATURATED_S` (`saturated()`; the gateway's /health says so as well).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import math
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from typing import Any
+
+import grpc
+
+from orchestrator.limits import Admission, OverLimit, TenantLimits, refuse
+from orchestrator.recording import record_failed, record_tenant
+from orchestrator.tenancy import BadIdentity, current_identity, identity_of
+from protos.metadata import RETRY_AFTER_KEY
+from servicekit.tenants import Tenants
+
+log = logging.getLogger(__name__)
+
+SATURATED_S = 60.0
+def shed_retry_after_s(max_queue_s: float) -> int:
+    """The retry delay a shed request is told: half its wait, between 1 and 30 s."""
+    return max(1, min(30, math.ceil(max_queue_s / 2)))
+
+
+def _started(event) -> bool:
+    """The answer has started: its first token (or its end)."""
+    return event.WhichOneof("kind") in ("token", "done")
+
+
+class TenantGate:
+    """Identity, limits, queue deadline and per-tenant counts for every request the orchestrator serves."""
+
+    def __init__(self, tenants: Tenants, limits: TenantLimits | None, metrics, store=None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.tenants, self.limits, self.metrics, self.store, self.clock = tenants, limits, metrics, store, clock
+        self.last_shed: float | None = None
+
+    def saturated(self) -> bool:
+        return self.last_shed is not None and self.clock() - self.last_shed < SATURATED_S
+
+    @asynccontextmanager
+    async def admitted(self, context: grpc.aio.ServicerContext, request_id: str,
+                       resumed: bool = False) -> AsyncIterator[Admission]:
+        """The call's admission (the request's identity goes with every replica call made inside); a bad
+        priority ends the call INVALID_ARGUMENT, a limit RESOURCE_EXHAUSTED (`refuse`)."""
+        try:
+            identity = identity_of(context.invocation_metadata(), self.tenants)
+        except BadIdentity as exc:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        name = identity.tenant.name
+        try:
+            admission = (await self.limits.admit(identity.tenant, request_id or uuid.uuid4().hex, resumed)
+                         if self.limits is not None else Admission(identity.tenant, request_id))
+        except OverLimit as over:
+            self.metrics.tenant_rejections.labels(name, over.limit).inc()
+            log.info("%s", over)
+            await refuse(context, over)
+        current_identity.set(identity)        # this call's task alone: never reset (an RPC runs in its own task)
+        if self.store is not None and request_id:
+            await record_tenant(self.store, request_id, name, identity.priority)
+        outcome = "cancelled"
+        try:
+            yield admission
+            outcome = "answered" if admission.answered else outcome
+        except BaseException:
+            outcome = "failed"
+            raise
+        finally:
+            self.metrics.tenant_requests.labels(name, outcome).inc()
+            if self.limits is not None:
+                await self.limits.finish(admission)
+
+    async def serve(self, context: grpc.aio.ServicerContext, request_id: str, responses: AsyncIterator,
+                    event_of: Callable[[Any], Any], resumed: bool = False) -> AsyncIterator:
+        """`responses` (a servicer's stream; `event_of(response)`: its AskEvent or InferenceEvent) behind the
+        gate: admitted, shed if it has not started within its tenant's `max_queue_s`, charged when done.
+        `resumed`: an Ask resumed from a dead orchestrator (limits.py: admitted as the same request)."""
+        async with self.admitted(context, request_id, resumed) as admission, contextlib.aclosing(responses):
+            wait_s = admission.tenant.max_queue_s
+            deadline = self.clock() + wait_s
+            started = False
+            while True:
+                try:
+                    if started:
+                        response = await anext(responses)
+                    else:
+                        response = await asyncio.wait_for(anext(responses), max(0.0, deadline - self.clock()))
+                except StopAsyncIteration:
+                    return
+                except TimeoutError:
+                    await self._shed(context, admission, wait_s)
+                event = event_of(response)
+                started = started or _started(event)
+                if event.WhichOneof("kind") == "done":
+                    stats = event.done.stats
+                    self.note_done(admission, stats, getattr(event.done, "ttft_from_question_s", 0.0)
+                                   or stats.ttft_from_open_s)
+                yield response
+
+    async def _shed(self, context: grpc.aio.ServicerContext, admission: Admission, wait_s: float) -> None:
+        """The request did not start within `wait_s`: FAILED, and the call ends UNAVAILABLE with a retry delay."""
+        self.last_shed = self.clock()
+        name = admission.tenant.name
+        self.metrics.tenant_rejections.labels(name, "queue_timeout").inc()
+        message = (f"not started within {wait_s:g} s (the tenant's max_queue_s): the service is saturated; "
+                   f"retry later")
+        log.info("request %s of tenant %r shed: %s", admission.request_id, name, message)
+        if self.store is not None and admission.request_id:
+            await record_failed(self.store, admission.request_id, message)
+        await context.abort(grpc.StatusCode.UNAVAILABLE, message,
+                            trailing_metadata=((RETRY_AFTER_KEY, str(shed_retry_after_s(wait_s))),))
+
+    def note_done(self, admission: Admission, stats, ttft_s: float) -> None:
+        """The request's answer is complete: charge its tokens, count them and its first-token time."""
+        admission.answered = True
+        admission.tokens = stats.prompt_tokens + stats.generated_tokens
+        name = admission.tenant.name
+        self.metrics.tenant_tokens.labels(name, "prompt").inc(stats.prompt_tokens)
+        self.metrics.tenant_tokens.labels(name, "generated").inc(stats.generated_tokens)
+        self.metrics.tenant_ttft.labels(name).observe(ttft_s)
