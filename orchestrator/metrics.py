@@ -7,6 +7,8 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
+from orchestrator.recording import continuation_counts
+
 BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2, 4, 8, 15, 30, 60, 120)
 
 
@@ -55,3 +57,10 @@ class _StoreCollector:
                                   value=getattr(s, "unreplicated", 0))
         yield GaugeMetricFamily("streamrag_lifecycle_pending_writes", "Writes not yet stored in Redis",
                                 value=s.pending)
+        kept = CounterMetricFamily("streamrag_ask_continuations", "Answers kept going after a break, by cause: "
+                                   "RETRIED (re-issued before the first token), RESUMED (re-issued after it), "
+                                   "CONTINUED (moved to another replica mid-answer)", labels=["cause"])
+        counts = continuation_counts(s)
+        for cause in ("RETRIED", "RESUMED", "CONTINUED"):
+            kept.add_metric([cause], counts.get(cause, 0))
+        yield kept

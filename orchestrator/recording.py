@@ -16,6 +16,8 @@ it is given; these are the rules of what to give it.
 
 from __future__ import annotations
 
+import weakref
+from collections import Counter
 from collections.abc import Mapping
 from typing import Any, NoReturn
 
@@ -50,19 +52,36 @@ async def record_fields(store: LifecycleStore, request_id: str, **fields: str) -
     await store.update(request_id, **fields)
 
 
+# Per store: how many answers were kept going, by cause (RETRIED, RESUMED, CONTINUED), for the
+# orchestrator's `streamrag_ask_continuations_total` (metrics.py).
+_continuations: weakref.WeakKeyDictionary[LifecycleStore, Counter] = weakref.WeakKeyDictionary()
+
+
+def continuation_counts(store: LifecycleStore) -> Mapping[str, int]:
+    """The RETRIED, RESUMED and CONTINUED events recorded through `store` so far, by kind."""
+    return _continuations.get(store, Counter())
+
+
+def _count_continuation(store: LifecycleStore, kind: str) -> None:
+    _continuations.setdefault(store, Counter())[kind] += 1
+
+
 async def record_retried(store: LifecycleStore, request_id: str, attempt: int) -> None:
     """The caller re-issued a request before its first token: it starts again (keeper.py)."""
+    _count_continuation(store, "RETRIED")
     await store.event(request_id, "RETRIED", attempt=attempt, tokens=0)
 
 
 async def record_resumed(store: LifecycleStore, request_id: str, attempt: int, tokens: int, replica: str) -> None:
     """The caller re-issued a request after `tokens` tokens: `replica` continues it (keeper.py)."""
+    _count_continuation(store, "RESUMED")
     await store.event(request_id, "RESUMED", attempt=attempt, tokens=tokens, replica=replica)
     await store.update(request_id, state="GENERATING", replica=replica)
 
 
 async def record_continued(store: LifecycleStore, request_id: str, **fields: Any) -> None:
     """A continuation ended: what it cost (keeper.py)."""
+    _count_continuation(store, "CONTINUED")
     await store.event(request_id, "CONTINUED", **fields)
 
 

@@ -26,7 +26,7 @@ from protos import (
     sessions_pb2_grpc,
 )
 from servicekit.auth import ApiKeyInterceptor, ApiKeys, load_api_keys
-from servicekit.channels import open_channel
+from servicekit.channels import REDIAL_OPTIONS, open_channel
 from servicekit.config import DEFAULT_PORTS, ServiceConfig, service_config_from_args
 from servicekit.redis_url import RedisUrlError, check_reachable
 from servicekit.server import ServiceRunner, configure_logging
@@ -79,7 +79,8 @@ class OrchestratorService:
                                              (inference_pb2_grpc.add_InferenceServicer_to_server, self.inference)],
                                     [SERVICE_NAME, SESSIONS_SERVICE_NAME, INFERENCE_SERVICE_NAME],
                                     registry=self.metrics.registry,
-                                    interceptors=[ApiKeyInterceptor(ApiKeys(api_keys))] if api_keys else [], tls=tls)
+                                    interceptors=[ApiKeyInterceptor(ApiKeys(api_keys))] if api_keys else [], tls=tls,
+                                    options=REDIAL_OPTIONS)    # gateways dial orchestrators by DNS name
 
     async def start(self, handle_signals: bool = True) -> int:
         await self.store.start()

@@ -40,6 +40,12 @@ KEEPALIVE_OPTIONS = (("grpc.keepalive_time_ms", 5000), ("grpc.keepalive_timeout_
 # answers a second ping within 5 minutes with GOAWAY "too_many_pings", failing the calls).
 SERVER_KEEPALIVE_OPTIONS = (("grpc.http2.min_ping_interval_without_data_ms", 2500),
                             ("grpc.keepalive_permit_without_calls", 1))
+# For a server its clients find by DNS (`dns:///orchestrator:50051`): a client channel resolves the
+# name again only when a connection closes, so a server added behind the name would get no calls
+# from channels already open. The server ends each connection after about a minute (GOAWAY, with
+# gRPC's jitter); calls in flight run to their end on it (no grace limit), and the client dials
+# again, resolving the name afresh, so new calls spread over the servers there are now.
+REDIAL_OPTIONS = (("grpc.max_connection_age_ms", 60_000),)
 
 
 def open_channel(address: str, tls: TlsFiles | None = None, options: Sequence[tuple[str, object]] = (),

@@ -131,6 +131,7 @@ class ServiceRunner:
         max_message_bytes: int = MAX_MESSAGE_BYTES,
         interceptors: Sequence[grpc.aio.ServerInterceptor] = (),
         tls: TlsFiles | None = None,
+        options: Sequence[tuple[str, object]] = (),
     ) -> None:
         self.config = config
         self.tls = tls
@@ -147,6 +148,7 @@ class ServiceRunner:
             ("grpc.max_receive_message_length", max_message_bytes),
             ("grpc.max_send_message_length", max_message_bytes),
             *SERVER_KEEPALIVE_OPTIONS,      # the pings of every client channel (servicekit.channels)
+            *options,
         ])
         for add, servicer in servicers:
             add(servicer, self.server)

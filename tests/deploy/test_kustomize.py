@@ -285,12 +285,9 @@ def test_grafana_dashboard_reads_exported_metrics(built) -> None:
     names = set(re.findall(r"\b(streamrag_[a-z_]+|vllm:[a-z_]+)", exprs))
     source = " ".join(p.read_text() for d in ("inference_svc", "orchestrator", "retriever_svc", "gateway")
                       for p in (m.ROOT / d).rglob("*.py"))
-    # Not exported yet: a counter of answers continued after a break (orchestrator/resume.py).
-    pending = {"streamrag_ask_continuations"}
     for name in names:
         bare = re.sub(r"_(bucket|total|count|sum)$", "", name)     # prometheus_client's suffixes
-        if bare not in pending:
-            assert f'"{bare}"' in source, f"{name}: no service exports it"
+        assert f'"{bare}"' in source, f"{name}: no service exports it"
     assert {"vllm:num_requests_waiting", "vllm:kv_cache_usage_perc", "vllm:time_to_first_token_seconds_bucket",
             "vllm:num_preemptions_total"} <= names
     titles = " ".join(p["title"].lower() for p in dashboard["panels"])

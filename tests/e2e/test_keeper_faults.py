@@ -16,6 +16,7 @@ import time
 import grpc
 import pytest
 import redis
+from prometheus_client import generate_latest
 
 from orchestrator.lifecycle_store import request_key
 from protos import common_pb2, inference_pb2, inference_pb2_grpc, sessions_pb2, sessions_pb2_grpc
@@ -117,6 +118,8 @@ def test_a_plain_generate_whose_replica_dies_after_the_5th_token_is_continued_on
     assert len(continued) == 1 and int(continued[0]["tokens"]) >= KILL_AFTER, events
     assert continued[0]["replica"] == world.gates[1 - dead].address
     assert events[-1]["kind"] == "DONE"
+    scraped = generate_latest(orchestrator.service.metrics.registry).decode()   # what /metrics shows
+    assert 'streamrag_ask_continuations_total{cause="CONTINUED"} 1.0' in scraped
 
 
 def test_a_gateway_chat_survives_its_orchestrator_killed_after_the_5th_token(world, tmp_path):
