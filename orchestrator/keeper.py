@@ -145,24 +145,15 @@ class Keeper:
     async def generate(self, request: inference_pb2.GenerateRequest) -> None:
         """One `Generate` of the whole prompt: moved once before the first token (a failure that does
         not move ends the answer with the replica's own status), continued after it."""
-        retried = False
-        while True:
-            try:
-                async for response in self.replica.stub.Generate(request):
-                    await self.on_event(response.event)
-                return
-            except grpc.RpcError as exc:
-                if self.first_token is not None:
-                    await self.continue_answer(exc)
-                    return
-                if not self.may_retry(exc, retried):
-                    raise AnswerFailed(exc.code(), self._failure(exc)) from exc
-                retried = True
-                await self.fail_over(exc)
+        await self._keep(lambda: self.replica.stub.Generate(request), None, lambda code: code)
 
     async def read(self, call_of: Callable[[], object], reopen: Callable[[Replica], Awaitable[None]]) -> None:
         """The events of a streamed prompt (`call_of()`: the call now): before the first token a failure
         moves it once (`reopen(replica)` sends the prompt so far there), after it the answer continues."""
+        await self._keep(call_of, reopen, streamed_ask_status)
+
+    async def _keep(self, call_of: Callable[[], object], reopen: Callable[[Replica], Awaitable[None]] | None,
+                    status_of: Callable[[grpc.StatusCode], grpc.StatusCode]) -> None:
         retried = False
         while True:
             try:
@@ -174,10 +165,11 @@ class Keeper:
                     await self.continue_answer(exc)
                     return
                 if not self.may_retry(exc, retried):
-                    raise AnswerFailed(streamed_ask_status(exc.code()), self._failure(exc)) from exc
+                    raise AnswerFailed(status_of(exc.code()), self._failure(exc)) from exc
                 retried = True
                 await self.fail_over(exc)
-                await reopen(self.replica)
+                if reopen is not None:
+                    await reopen(self.replica)
 
     async def continue_answer(self, exc: grpc.RpcError | None = None) -> None:
         """Decode the rest of the answer from the prompt plus the tokens delivered, on the current
