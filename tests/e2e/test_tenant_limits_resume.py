@@ -33,11 +33,15 @@ KILL_AFTER = 3
 MAX_TOKENS = 24
 STACK_KEY = "sk-resume-stack-own"
 KEY = "solo-key"
+OTHER_KEY = "other-key"
 TENANT = f"solo-{uuid.uuid4().hex[:8]}"
 TENANTS = f"""
 [tenants.{TENANT}]
 keys = ["{KEY}"]
 max_concurrent = 1
+
+[tenants.other]
+keys = ["{OTHER_KEY}"]
 """
 QUESTION = "How do I read a text file in Python?"
 TRACE = Trace((TraceQuery("files", QUESTION, "anns", "synthesized", (
@@ -145,11 +149,18 @@ def test_a_resumed_ask_keeps_its_tenant_and_its_one_slot_after_its_orchestrator_
     assert in_flight(store) == ["held"]
     assert refused(second, "second-after-kill").code() == grpc.StatusCode.RESOURCE_EXHAUSTED
 
+    # another tenant's key may not resume it (it would continue this tenant's stored prompt)
+    resume = orchestrator_pb2.AskResume(token_ids=[t.id for t in tokens], text="".join(t.text for t in tokens),
+                                        attempt=1)
+    with grpc.insecure_channel(second.address) as channel, pytest.raises(grpc.RpcError) as raised:
+        list(orchestrator_pb2_grpc.OrchestratorStub(channel).Ask(ask_request("held", resume), timeout=HANG_S,
+                                                                 metadata=bearer_metadata(OTHER_KEY)))
+    assert raised.value.code() == grpc.StatusCode.PERMISSION_DENIED, raised.value.details()
+    assert in_flight(store) == ["held"]
+
     # resumed on the second orchestrator, held again before its first new token: it keeps the one slot
     resumed: dict = {}
     gate.arm(0)
-    resume = orchestrator_pb2.AskResume(token_ids=[t.id for t in tokens], text="".join(t.text for t in tokens),
-                                        attempt=1)
     thread = in_thread(second.address, ask_request("held", resume), resumed)
     held(gate, thread, resumed)
     assert in_flight(store) == ["held"]                     # the same slot, counted once
