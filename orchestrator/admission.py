@@ -28,6 +28,7 @@ from typing import Any
 
 import grpc
 
+from orchestrator.lifecycle_records import StoreUnavailable
 from orchestrator.limits import Admission, OverLimit, TenantLimits, refuse
 from orchestrator.recording import record_failed, record_tenant
 from orchestrator.tenancy import BadIdentity, current_identity, identity_of
@@ -68,6 +69,9 @@ class TenantGate:
         except BadIdentity as exc:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         name = identity.tenant.name
+        if resumed and request_id and await self._owner(request_id) not in (None, "", name):
+            await context.abort(grpc.StatusCode.PERMISSION_DENIED, f"request {request_id!r} is another tenant's: "
+                                f"only the tenant that asked it may resume it")
         try:
             admission = (await self.limits.admit(identity.tenant, request_id or uuid.uuid4().hex, resumed)
                          if self.limits is not None else Admission(identity.tenant, request_id))
@@ -89,6 +93,16 @@ class TenantGate:
             self.metrics.tenant_requests.labels(name, outcome).inc()
             if self.limits is not None:
                 await self.limits.finish(admission)
+
+    async def _owner(self, request_id: str) -> str | None:
+        """The tenant recorded for `request_id` ("" before tenants; None when unknown or unreadable)."""
+        if self.store is None:
+            return None
+        try:
+            stored = await self.store.get(request_id)
+        except StoreUnavailable:
+            return None
+        return stored.extra.get("tenant", "") if stored is not None else None
 
     async def serve(self, context: grpc.aio.ServicerContext, request_id: str, responses: AsyncIterator,
                     event_of: Callable[[Any], Any], resumed: bool = False) -> AsyncIterator:

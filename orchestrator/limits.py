@@ -4,7 +4,8 @@ Per tenant with limits (servicekit/tenants.py), under `streamrag:tenant:<name>:`
 
 - `concurrent`: a sorted set of the requests in flight, each scored with the end of its lease
   (`LEASE_S` after it started), so the requests of an orchestrator that died free their slots
-  when their leases end; a request that ends removes itself;
+  when their leases end; a request that ends removes itself. Only an Ask still in it may be
+  resumed as admitted (`resumed`); any other resume (of an Ask that ended) is checked as new;
 - `requests`, `tokens`: token buckets (a hash: level and when it was last set) that refill at
   the per-minute rate up to it. A request takes one request; its prompt and generated tokens are
   charged when it ends, so the tokens bucket may go below zero, and no request starts until it
@@ -46,7 +47,7 @@ REDIS_TIMEOUT_S = 0.5
 PREFIX = "streamrag:tenant:"
 
 # KEYS: concurrent, requests, tokens. ARGV: request id, max_concurrent, rpm, tpm, lease (0: no limit), resumed
-# (1: the request was admitted before, by an orchestrator that died: it keeps its slot, takes no request).
+# (1: an Ask re-issued after its orchestrator died: while still in flight it keeps its slot, takes no request).
 # Returns {over ('' when admitted), retry_after_s, requests left, tokens left, now} as strings.
 _BUCKET = """
 local function level_of(key, per_minute, now)
@@ -65,14 +66,12 @@ local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
 ADMIT = _BUCKET + """
 local rid, maxc, rpm, tpm, lease = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
 local over, retry, requests, tokens = '', 0, -1, -1
-if ARGV[6] == '1' then
-  if maxc > 0 then redis.call('ZADD', KEYS[1], now + lease, rid) end
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
+if ARGV[6] == '1' and redis.call('ZSCORE', KEYS[1], rid) then
+  redis.call('ZADD', KEYS[1], now + lease, rid)
   return {over, '0', '-1', '-1', tostring(now)}
 end
-if maxc > 0 then
-  redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
-  if redis.call('ZCARD', KEYS[1]) >= maxc then over, retry = 'max_concurrent', 1 end
-end
+if maxc > 0 and redis.call('ZCARD', KEYS[1]) >= maxc then over, retry = 'max_concurrent', 1 end
 if rpm > 0 then
   requests = level_of(KEYS[2], rpm, now)
   if requests < 1 and over == '' then over, retry = 'requests_per_minute', (1 - requests) * 60 / rpm end
@@ -82,10 +81,8 @@ if tpm > 0 then
   if tokens <= 0 and over == '' then over, retry = 'tokens_per_minute', (1 - tokens) * 60 / tpm end
 end
 if over == '' then
-  if maxc > 0 then
-    redis.call('ZADD', KEYS[1], now + lease, rid)
-    redis.call('EXPIRE', KEYS[1], lease)
-  end
+  redis.call('ZADD', KEYS[1], now + lease, rid)
+  redis.call('EXPIRE', KEYS[1], lease)
   if rpm > 0 then
     requests = requests - 1
     store(KEYS[2], requests, rpm, now)
@@ -223,7 +220,8 @@ class TenantLimits:
 
     async def admit(self, tenant: Tenant, request_id: str, resumed: bool = False) -> Admission:
         """Let `request_id` in for `tenant` or raise `OverLimit`. `resumed`: an Ask resumed after its
-        orchestrator died, admitted then: it keeps (or takes back) its slot and takes no new request."""
+        orchestrator died: still in flight (in `concurrent`), it keeps its slot and takes no new request;
+        otherwise (it ended, or its lease did) it is checked like a new request."""
         if not tenant.limited:
             return Admission(tenant, request_id)
         args = (request_id, tenant.max_concurrent or 0, tenant.requests_per_minute or 0,

@@ -89,3 +89,17 @@ async def test_an_ask_resumed_after_its_orchestrator_died_keeps_its_slot_and_tak
     resumed = await two[1].admit(tenant, "ask-1", resumed=True)
     await two[1].finish(resumed)
     await two[1].admit(tenant, "ask-2")              # the second of its two requests a minute
+
+
+async def test_a_resume_of_an_ask_that_ended_is_checked_like_a_new_request(two):
+    tenant = Tenant("ended", max_concurrent=1, requests_per_minute=2)
+    done = await two[0].admit(tenant, "ask-1")
+    await two[0].finish(done)                        # it ended: no slot of its own left to keep
+    await two[0].admit(tenant, "ask-2")              # in flight: the tenant's one slot
+    with pytest.raises(OverLimit, match="max_concurrent"):
+        await two[1].admit(tenant, "ask-1", resumed=True)
+    rpm_only = Tenant("ended-rpm", requests_per_minute=1)
+    done = await two[0].admit(rpm_only, "ask-1")
+    await two[0].finish(done)
+    with pytest.raises(OverLimit, match="requests_per_minute"):
+        await two[1].admit(rpm_only, "ask-1", resumed=True)
