@@ -75,6 +75,10 @@ FIGURES = [
                       "0.05", "--max-tokens", "4", "--idle-probes", "1", "--seeds", "0", "--dtype", "float32",
                       "--raw", "{tmp}/disagg-raw.json"),
            ("rows", "idle", "targets", "workload")),
+    Figure("fairness", ("--duration", "5", "--flood-users", "2", "--think-s", "0.5", "--prompt-tokens", "32",
+                        "--max-tokens", "2", "--max-queue-s", "10", "--seeds", "0"),
+           ("light_ttft_p95_solo_s", "light_ttft_p95_fcfs_s", "light_ttft_p95_fair_s", "throughput_fair_over_fcfs",
+            "share_error", "rejected", "hung")),
     Figure("embed", ("--passages", "20", "--queries", "4", "--runs", "1", "--batch", "8", "--options", "torch-fp32"),
            ("machine", "options", "passages"), slow=True),
 ]
