@@ -7,7 +7,8 @@ Reports, in one JSON (the keys of design section 10 first):
 - prefill MFU (the 8B shape, bf16) one shot and in 512-token chunks at 512, 2k and 8k tokens, beside
   transformers' forward (one shot and chunked over its cache) in the same run, timed by
   prefill_bench.time_prefill; MFU is against the matmul rate measured here;
-- decode step ms through the Engine at concurrency 1, 16 and 64 over 1,024-token prompts: the first
+- decode step ms through the Engine at concurrency 1, 16 and 64 over 1,024-token prompts, and at
+  concurrency 1 over 8k and 32k contexts (where the KV read is a large share of the roofline): the first
   pass over new context lengths ("fresh") and a second over the same lengths ("repeated"), against the
   roofline (the weights plus the KV read per step, at the measured copy rate) and transformers'
   `generate`;
@@ -37,6 +38,8 @@ def add_bench_gpu_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", type=Path, default=None, help="write the results here")
     parser.add_argument("--concurrency", type=positive_int_list, default=None,
                         help="comma-separated decode batch sizes (default 1,16,64)")
+    parser.add_argument("--long-contexts", type=positive_int_list, default=None,
+                        help="context lengths of the extra decode rows at concurrency 1 (default 8192,32768)")
     parser.add_argument("--decode-steps", type=int, default=None, help="timed decode steps per pass (16)")
     parser.add_argument("--no-transformers", action="store_true", help="skip transformers' baselines")
     parser.add_argument("--compile-transformers", action="store_true",
@@ -48,11 +51,13 @@ def _plan(small: bool) -> dict:
 
     if small:
         return dict(shape="tiny", exact_shape="tiny", dtype=torch.float32, prefill=(128,), prefill_chunk=32,
-                    context=48, concurrency=[1, 4], steps=3, head=16, doc=32, docs=4, blocks=256, runs=1,
+                    context=48, concurrency=[1, 4], long_contexts=(96,), steps=3, head=16, doc=32, docs=4, blocks=256,
+                    runs=1,
                     exact_doc=16, matmul_n=512, copy_mib=64)
     return dict(shape="llama-3.1-8b", exact_shape="smollm2-135m", dtype=torch.bfloat16,
                 prefill=(512, 2048, 8192), prefill_chunk=512, context=1024,
-                concurrency=[1, 16, 64], steps=16, head=HEAD_TOKENS, doc=DOC_TOKENS, docs=NUM_DOCS, blocks=6144, runs=3,
+                concurrency=[1, 16, 64], long_contexts=(8192, 32768), steps=16, head=HEAD_TOKENS, doc=DOC_TOKENS,
+                docs=NUM_DOCS, blocks=6144, runs=3,
                 exact_doc=200, matmul_n=8192, copy_mib=2048)
 
 
@@ -72,6 +77,8 @@ def run_bench_gpu(args: argparse.Namespace) -> int:
     plan = _plan(args.small)
     if args.concurrency:
         plan["concurrency"] = args.concurrency
+    if args.long_contexts:
+        plan["long_contexts"] = tuple(args.long_contexts)
     if args.decode_steps:
         plan["steps"] = args.decode_steps
     began = time.perf_counter()
@@ -121,10 +128,10 @@ def _share(value) -> str:
 def _print(out: dict) -> None:
     print(f"\n{out['gpu']} · torch {out['torch']} · triton {out['triton']} · "
           f"matmul {out['matmul_tflops']} TFLOP/s · copy {out['hbm_tb_s']} TB/s · exact fp32: {out['exact_fp32']}")
-    print("| concurrency | fresh step ms | repeated | fresh/repeated | roofline ms | share of roofline |")
-    print("|---:|---:|---:|---:|---:|---:|")
+    print("| concurrency | context | fresh step ms | repeated | fresh/repeated | roofline ms | share of roofline |")
+    print("|---:|---:|---:|---:|---:|---:|---:|")
     for r in out["decode"]:
-        print(f"| {r['concurrency']} | {r['fresh_step_ms']:.2f} | {r['repeated_step_ms']:.2f} | "
+        print(f"| {r['concurrency']} | {r['context']} | {r['fresh_step_ms']:.2f} | {r['repeated_step_ms']:.2f} | "
               f"{r['fresh_over_repeated']:.2f} | {r['roofline_ms']:.2f} | {r['roofline_fraction']:.0%} |")
     print("| prefill tokens | chunk | MFU | transformers MFU |\n|---:|---:|---:|---:|")
     for r in out["prefill"]:

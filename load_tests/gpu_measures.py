@@ -330,6 +330,8 @@ def prefill_section(runner, hf, config, plan: dict, tflops: float, say) -> list[
 
 
 def decode_section(engine, hf, config, plan: dict, hbm_tb_s: float, args, say) -> list[dict]:
+    """Decode step ms at each concurrency over ``plan["context"]``-token prompts, then at concurrency 1 over
+    each of ``plan["long_contexts"]`` (where the KV read per step is a large share of the roofline)."""
     rows = []
     rng = random.Random(2)
     model = engine.runner.model
@@ -337,25 +339,27 @@ def decode_section(engine, hf, config, plan: dict, hbm_tb_s: float, args, say) -
     if model.lm_head is not None:   # the embedding table is read a row per token, not whole
         weight_bytes -= model.embed_tokens.weight.numel() * model.embed_tokens.weight.element_size()
     kv_per_token = engine.runner.bytes_per_block // BLOCK
-    for c in plan["concurrency"]:
-        prompts = [ids(rng, plan["context"] + i, config.vocab_size) for i in range(c)]
-        fresh = decode_steps(engine, prompts, plan["steps"], f"f{c}-")
-        repeated = decode_steps(engine, prompts, plan["steps"], f"r{c}-")
+    points = [(c, plan["context"]) for c in plan["concurrency"]] + [(1, n) for n in plan.get("long_contexts", ())]
+    for c, length in points:
+        prompts = [ids(rng, length + i, config.vocab_size) for i in range(c)]
+        fresh = decode_steps(engine, prompts, plan["steps"], f"f{c}-{length}-")
+        repeated = decode_steps(engine, prompts, plan["steps"], f"r{c}-{length}-")
         context = sum(len(p) for p in prompts) + c * (plan["steps"] // 2)
         roofline_ms = (weight_bytes + context * kv_per_token) / (hbm_tb_s * 1e9)
         fresh_ms, repeated_ms = statistics.median(fresh), statistics.median(repeated)
-        row = {"concurrency": c, "context": plan["context"], "fresh_step_ms": round(fresh_ms, 3),
+        row = {"concurrency": c, "context": length, "fresh_step_ms": round(fresh_ms, 3),
                "repeated_step_ms": round(repeated_ms, 3), "fresh_over_repeated": round(fresh_ms / repeated_ms, 3),
                "roofline_ms": round(roofline_ms, 3), "roofline_fraction": round(roofline_ms / fresh_ms, 3),
+               "kv_share_of_roofline": round(context * kv_per_token / (weight_bytes + context * kv_per_token), 3),
                "fresh_step_ms_range": [round(min(fresh), 3), round(max(fresh), 3)]}
-        if hf is not None:
+        if hf is not None and length == plan["context"]:
             row["transformers_step_ms"] = baseline(lambda c=c: round(transformers_decode_ms(
                 hf, c, plan["context"], plan["steps"], engine.runner.device, rng), 3))
             if args.compile_transformers and c == 1:
                 row["transformers_compiled_step_ms"] = _compiled_transformers(hf, plan, engine.runner.device, rng)
         rows.append(row)
-        say(f"decode x{c}: fresh {fresh_ms:.2f} ms, repeated {repeated_ms:.2f} ms, roofline {roofline_ms:.2f} ms "
-            f"({row['roofline_fraction']:.0%})"
+        say(f"decode x{c} over {length}: fresh {fresh_ms:.2f} ms, repeated {repeated_ms:.2f} ms, "
+            f"roofline {roofline_ms:.2f} ms ({row['roofline_fraction']:.0%})"
             + (f", transformers {row['transformers_step_ms']} ms" if "transformers_step_ms" in row else ""))
     return rows
 
