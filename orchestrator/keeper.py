@@ -110,7 +110,7 @@ class Keeper:
         self.prompt = prompt
         await save_prompt(self.store, self.request_id, prompt)
         if self.store.available:
-            self.prompt_stored = asyncio.create_task(self.store.flush(PROMPT_FLUSH_S))
+            self.prompt_stored = asyncio.create_task(self.store.confirm(PROMPT_FLUSH_S))
 
     async def retried(self) -> None:
         """A re-issue that finds no tokens delivered: the request starts again (RETRIED)."""

@@ -102,6 +102,11 @@ class LifecycleStore:
         self._retry_now = asyncio.Event()
         self._idle = asyncio.Event()
         self._idle.set()
+        # Writes are stored (or dropped) in the order they were queued, so two counts say whether all
+        # the writes queued before a given moment are done (`confirm`), however busy the queue stays.
+        self._queued_total = 0
+        self._done_total = 0
+        self._progress = asyncio.Condition()
         self._failures = 0  # consecutive failed write attempts
         self._gap_since: int | None = None  # when writes started waiting or getting dropped
         self._gap: dict[str, int] = {}  # request id -> its writes dropped since `_gap_since`
@@ -143,6 +148,20 @@ class LifecycleStore:
         self._retry_now.set()
         try:
             await asyncio.wait_for(self._idle.wait(), timeout_s)
+        except TimeoutError:
+            return False
+        return True
+
+    async def confirm(self, timeout_s: float) -> bool:
+        """Wait until the writes queued so far (not later ones) are stored; False on timeout (they stay
+        queued, and are retried as usual)."""
+        target = self._queued_total
+        if self._done_total >= target:
+            return True
+        self._retry_now.set()
+        try:
+            async with self._progress:
+                await asyncio.wait_for(self._progress.wait_for(lambda: self._done_total >= target), timeout_s)
         except TimeoutError:
             return False
         return True
@@ -262,6 +281,7 @@ class LifecycleStore:
         if self._failures:
             self._note_gap(write.request_id, 0)
         self._queue.append(write)
+        self._queued_total += 1
         self._trim()
         self._idle.clear()
         self._wakeup.set()
@@ -271,6 +291,7 @@ class LifecycleStore:
         while len(self._queue) > self.buffer_max:
             lost = self._queue.popleft()
             self.dropped += 1
+            self._done_total += 1
             self._note_gap(lost.request_id, 1)
 
     def _note_gap(self, request_id: str, dropped: int) -> None:
@@ -296,7 +317,10 @@ class LifecycleStore:
             except Exception:  # a bug or a refused batch must not stop the writer
                 log.exception("lifecycle store: dropping %d writes", len(self._inflight))
                 self.write_errors += len(self._inflight)
+            self._done_total += len(self._inflight)
             self._inflight = []
+            async with self._progress:
+                self._progress.notify_all()
             self._on_written()
 
     async def _write(self, batch: list[Write]) -> None:

@@ -5,7 +5,9 @@
 - a move off a failed replica: an `ERROR` event naming both replicas, and the record's replica;
 - at the end one of: the FINISHED record (answer, first-token time, finish reason, the engine's
   statistics) with a `DONE` event; an `ERROR` event then the FAILED record with the error; a
-  `CANCELLED` event and record when the caller went away.
+  `CANCELLED` event and record when the caller went away. The FINISHED record is confirmed stored
+  before the answer's last message goes out (up to `TERMINAL_CONFIRM_S`), so an orchestrator killed
+  just after the caller saw the answer complete leaves it recorded complete.
 
 Events only a kind of request has are written here too, so every write to the store is in this
 module: an Ask's RETRIEVAL_CHUNK, WARNING and retriever change; the keeper's saved prompt and its
@@ -25,6 +27,11 @@ import grpc
 
 from orchestrator.lifecycle_store import LifecycleStore, lifecycle_kind_name
 from protos import common_pb2, inference_pb2, retriever_pb2, sessions_pb2
+
+# How long a finished answer's last message waits for its record to be stored. Beyond it (Redis
+# down or failing over) the answer goes out anyway and the record follows from the store's queue:
+# a Redis outage must not hold answers.
+TERMINAL_CONFIRM_S = 2.0
 
 
 async def record_created(store: LifecycleStore, request_id: str, question: str, *, retriever: str, streamed: bool,
@@ -132,6 +139,8 @@ async def record_finished(store: LifecycleStore, request_id: str,
                        finish_reason=common_pb2.FinishReason.Name(done.finish_reason), stats=done.stats, **times_s)
     await store.event(request_id, "DONE", **(noted or {}), ttft_from_question_s=round(ttft_from_question_s, 4),
                       **{name: round(value, 4) for name, value in times_s.items()}, total_s=round(total_s, 4))
+    if store.available:   # with Redis down the answer is not held: the record follows from the queue
+        await store.confirm(TERMINAL_CONFIRM_S)
 
 
 async def record_failed(store: LifecycleStore, request_id: str, message: str) -> None:

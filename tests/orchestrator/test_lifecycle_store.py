@@ -284,3 +284,49 @@ async def test_close_while_redis_is_down_returns_within_its_timeout(redis_server
     await store.create("r1", "q", retriever="anns", streamed=True)
     await store.event("r1", "QUEUED")
     assert await bounded(store.close(timeout_s=0.3)) == 2
+
+
+async def test_confirm_returns_once_earlier_writes_are_stored_however_busy_the_queue(
+        store: LifecycleStore, raw: redis.Redis) -> None:
+    stop = asyncio.Event()
+
+    async def busy() -> None:   # other requests' writes keep arriving: the queue is never idle for long
+        n = 0
+        while not stop.is_set():
+            await store.event("other", "RETRIEVAL_CHUNK", seq=n)
+            n += 1
+            await asyncio.sleep(0)
+
+    writer = asyncio.create_task(busy())
+    try:
+        await asyncio.sleep(0.05)
+        await store.create("r1", "q", retriever="anns", streamed=True)
+        await store.update("r1", state="FINISHED", answer="a")
+        assert await bounded(store.confirm(BOUND_S))
+        assert await raw.hget(request_key("r1"), "state") == "FINISHED"   # stored, not only queued
+    finally:
+        stop.set()
+        await writer
+
+
+async def test_confirm_with_redis_down_gives_up_at_its_timeout(redis_server: PrivateRedis) -> None:
+    store = LifecycleStore(redis_server.url, retry_s=0.02, timeout_s=1.0)
+    await store.start()
+    redis_server.stop()
+    await store.create("r1", "q", retriever="anns", streamed=True)
+    assert await bounded(store.confirm(0.3)) is False
+    assert store.pending == 1   # still queued for when Redis is back
+    await store.close(timeout_s=0.1)
+
+
+async def test_a_finished_answer_is_stored_before_record_finished_returns(
+        store: LifecycleStore, raw: redis.Redis) -> None:
+    from orchestrator.recording import record_finished
+    from protos import inference_pb2
+
+    await store.create("r2", "q", retriever="anns", streamed=True)
+    done = inference_pb2.InferenceDone(text="the answer")
+    await bounded(record_finished(store, "r2", done, ttft_from_question_s=0.1, total_s=0.2))
+    # what an orchestrator SIGKILLed right after sending the last message leaves in Redis
+    assert await raw.hget(request_key("r2"), "state") == "FINISHED"
+    assert await raw.hget(request_key("r2"), "answer") == "the answer"
