@@ -57,11 +57,12 @@ class EngineSetup:
     dtype: torch.dtype
     attention: str = "auto"
     seed: int = 0
+    cuda_graphs: bool = True   # decode graphs captured at start-up (a run without decodes needs none)
 
     def runner(self, blocks: int, cpu_blocks: int = 0) -> ModelRunner:
         return ModelRunner(self.config, device=self.device, dtype=self.dtype, block_size=BLOCK,
                            num_device_blocks=blocks, num_cpu_blocks=cpu_blocks, seed=self.seed,
-                           attention=self.attention)
+                           attention=self.attention, cuda_graphs=self.cuda_graphs)
 
     def engine(self, blocks: int, *, runner: ModelRunner | None = None, cpu_blocks: int = 0, **config) -> Engine:
         runner = runner or self.runner(blocks, cpu_blocks)

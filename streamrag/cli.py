@@ -82,6 +82,9 @@ COMMANDS = (
     Command("bench gpu", "the engine on one GPU: paged-attention kernels, CUDA graphs, decode against the memory "
             "roofline, prefill MFU, streaming TTFT, launches and syncs per step (--device cpu --small: dry run)",
             "load_tests.gpu_bench:add_bench_gpu_args", "load_tests.gpu_bench:run_bench_gpu"),
+    Command("bench gpu-replay", "the Stream2LLM replay at the paper's scale on one GPU: crawler at 4 QPS and ANNS "
+            "at 1 QPS, streaming against not, TTFT p50/p95 (--device cpu --small: dry run)",
+            "load_tests.gpu_replay:add_bench_gpu_replay_args", "load_tests.gpu_replay:run_bench_gpu_replay"),
     Command("bench engine", "prefill tokens/s vs transformers; scheduler overhead",
             "load_tests.engine_bench:add_bench_engine_args", "load_tests.engine_bench:run_engine_bench"),
     Command("bench decode", "decode tokens/s with speculative decoding off, fixed depths, auto",

@@ -32,6 +32,7 @@ COVERED = {
     "relevance": "tests/load_tests/test_relevance_calibration.py",
     "retrieval": "tests/load_tests/test_retrieval_bench.py",
     "gpu": "tests/load_tests/test_gpu_bench.py",
+    "gpu-replay": "tests/load_tests/test_gpu_replay.py",
     "report": "tests/load_tests/test_results_page.py",
     "chaos": "tests/test_chaos.py",                     # slow: two minutes of a soak on a stack it starts
 }
