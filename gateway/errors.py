@@ -25,6 +25,7 @@ GRPC_TO_HTTP = {
     grpc.StatusCode.NOT_FOUND: 404,
     grpc.StatusCode.UNAUTHENTICATED: 401,
     grpc.StatusCode.RESOURCE_EXHAUSTED: 429,
+    grpc.StatusCode.ABORTED: 409,            # a resume of a request another caller is resuming
     grpc.StatusCode.UNAVAILABLE: 503,
     grpc.StatusCode.DEADLINE_EXCEEDED: 504,
 }

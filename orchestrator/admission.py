@@ -10,8 +10,16 @@
 
 `TenantGate.serve` wraps a servicer's response stream in all three, charges the tenant's tokens
 when the answer is done, and counts per tenant: requests by outcome, tokens, first-token times and
-refusals (metrics.py). The orchestrator is saturated while it has shed a request in the last
-`SATURATED_S` (`saturated()`; the gateway's /health says so as well).
+refusals (metrics.py).
+
+A resume (a caller's re-issue of a request whose orchestrator died) is the tenant's that asked it
+(PERMISSION_DENIED otherwise), and only one resume of a request runs at a time: the first claims it
+in Redis (resume_claims.py), any other ends ABORTED, "already being resumed". While a request runs, a
+heartbeat renews its tenant's slot and its resume's claim every `LEASE_S / RENEWALS_PER_LEASE`, so
+both end within a lease of an orchestrator that died.
+
+The orchestrator is saturated while it has shed a request in the last `SATURATED_S` (`saturated()`;
+the gateway's /health says so as well).
 """
 
 from __future__ import annotations
@@ -29,8 +37,9 @@ from typing import Any
 import grpc
 
 from orchestrator.lifecycle_records import StoreUnavailable
-from orchestrator.limits import Admission, OverLimit, TenantLimits, refuse
+from orchestrator.limits import LEASE_S, Admission, OverLimit, TenantLimits, refuse
 from orchestrator.recording import record_failed, record_tenant
+from orchestrator.resume_claims import AlreadyResumed, Claim, ResumeClaims
 from orchestrator.tenancy import BadIdentity, current_identity, identity_of
 from protos.metadata import RETRY_AFTER_KEY
 from servicekit.tenants import Tenants
@@ -38,6 +47,9 @@ from servicekit.tenants import Tenants
 log = logging.getLogger(__name__)
 
 SATURATED_S = 60.0
+RENEWALS_PER_LEASE = 3      # heartbeats of a running request per lease: two may be missed before it ends
+
+
 def shed_retry_after_s(max_queue_s: float) -> int:
     """The retry delay a shed request is told: half its wait, between 1 and 30 s."""
     return max(1, min(30, math.ceil(max_queue_s / 2)))
@@ -52,8 +64,10 @@ class TenantGate:
     """Identity, limits, queue deadline and per-tenant counts for every request the orchestrator serves."""
 
     def __init__(self, tenants: Tenants, limits: TenantLimits | None, metrics, store=None,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, claims: ResumeClaims | None = None,
+                 lease_s: float = LEASE_S) -> None:
         self.tenants, self.limits, self.metrics, self.store, self.clock = tenants, limits, metrics, store, clock
+        self.claims, self.lease_s = claims, lease_s
         self.last_shed: float | None = None
 
     def saturated(self) -> bool:
@@ -63,7 +77,8 @@ class TenantGate:
     async def admitted(self, context: grpc.aio.ServicerContext, request_id: str,
                        resumed: bool = False) -> AsyncIterator[Admission]:
         """The call's admission (the request's identity goes with every replica call made inside); a bad
-        priority ends the call INVALID_ARGUMENT, a limit RESOURCE_EXHAUSTED (`refuse`)."""
+        priority ends the call INVALID_ARGUMENT, a resume of another tenant's request PERMISSION_DENIED, a
+        second resume of one ABORTED, a limit RESOURCE_EXHAUSTED (`refuse`)."""
         try:
             identity = identity_of(context.invocation_metadata(), self.tenants)
         except BadIdentity as exc:
@@ -72,6 +87,25 @@ class TenantGate:
         if resumed and request_id and await self._owner(request_id) not in (None, "", name):
             await context.abort(grpc.StatusCode.PERMISSION_DENIED, f"request {request_id!r} is another tenant's: "
                                 f"only the tenant that asked it may resume it")
+        claim = None
+        if resumed and request_id and self.claims is not None:
+            try:
+                claim = await self.claims.claim(request_id)
+            except AlreadyResumed as exc:
+                self.metrics.tenant_rejections.labels(name, "already_resumed").inc()
+                log.info("%s", exc)
+                await context.abort(grpc.StatusCode.ABORTED, str(exc))
+        try:
+            async with self._limited(context, identity, request_id, resumed, claim) as admission:
+                yield admission
+        finally:
+            if claim is not None:
+                await self.claims.release(claim)
+
+    @asynccontextmanager
+    async def _limited(self, context: grpc.aio.ServicerContext, identity, request_id: str, resumed: bool,
+                       claim: Claim | None) -> AsyncIterator[Admission]:
+        name = identity.tenant.name
         try:
             admission = (await self.limits.admit(identity.tenant, request_id or uuid.uuid4().hex, resumed)
                          if self.limits is not None else Admission(identity.tenant, request_id))
@@ -83,6 +117,9 @@ class TenantGate:
         if self.store is not None and request_id:
             await record_tenant(self.store, request_id, name, identity.priority)
         outcome = "cancelled"
+        renews_slot = self.limits is not None and bool(admission.tenant.max_concurrent) and not admission.local
+        heartbeat = (asyncio.create_task(self._heartbeat(admission, claim, renews_slot))
+                     if renews_slot or (claim is not None and claim.token) else None)
         try:
             yield admission
             outcome = "answered" if admission.answered else outcome
@@ -90,9 +127,26 @@ class TenantGate:
             outcome = "failed"
             raise
         finally:
+            if heartbeat is not None:
+                heartbeat.cancel()
+                await asyncio.gather(heartbeat, return_exceptions=True)
             self.metrics.tenant_requests.labels(name, outcome).inc()
             if self.limits is not None:
                 await self.limits.finish(admission)
+
+    async def _heartbeat(self, admission: Admission, claim: Claim | None, renews_slot: bool) -> None:
+        """Renew the request's slot and its resume's claim while it runs (each ends a lease after the last
+        renewal: within a lease of its orchestrator's death)."""
+        lapsed = False
+        while True:
+            await asyncio.sleep(self.lease_s / RENEWALS_PER_LEASE)
+            if renews_slot and not await self.limits.renew(admission) and not lapsed:
+                lapsed = True
+                log.warning("request %s of tenant %r: its slot's lease ended before it was renewed (this "
+                            "orchestrator stalled, or Redis was out): it no longer counts against max_concurrent",
+                            admission.request_id, admission.tenant.name)
+            if claim is not None and claim.token:
+                await self.claims.renew(claim)
 
     async def _owner(self, request_id: str) -> str | None:
         """The tenant recorded for `request_id` ("" before tenants; None when unknown or unreadable)."""

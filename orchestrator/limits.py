@@ -3,9 +3,10 @@
 Per tenant with limits (servicekit/tenants.py), under `streamrag:tenant:<name>:`:
 
 - `concurrent`: a sorted set of the requests in flight, each scored with the end of its lease
-  (`LEASE_S` after it started), so the requests of an orchestrator that died free their slots
-  when their leases end; a request that ends removes itself. Only an Ask still in it may be
-  resumed as admitted (`resumed`); any other resume (of an Ask that ended) is checked as new;
+  (`LEASE_S`, 30 s, `--tenant-lease`), which the orchestrator serving it renews every third of a
+  lease while it runs (`renew`, from admission.py's heartbeat), so the slots of an orchestrator that
+  died free within a lease; a request that ends removes itself. Only an Ask still in it may be resumed as admitted
+  (`resumed`); any other resume (of an Ask that ended) is checked as new;
 - `requests`, `tokens`: token buckets (a hash: level and when it was last set) that refill at
   the per-minute rate up to it. A request takes one request; its prompt and generated tokens are
   charged when it ends, so the tokens bucket may go below zero, and no request starts until it
@@ -37,16 +38,15 @@ from redis.exceptions import RedisError
 
 from protos.metadata import RATE_LIMIT_PREFIX, RETRY_AFTER_KEY
 from servicekit.redis_url import redis_client
-from servicekit.tenants import Tenant
+from servicekit.tenants import LEASE_S, Tenant
 
 log = logging.getLogger(__name__)
 
-LEASE_S = 900                 # longer than any request may run (the gateway's timeout is 600 s)
 FAIL_OPEN_S = 60.0
 REDIS_TIMEOUT_S = 0.5
 PREFIX = "streamrag:tenant:"
 
-# KEYS: concurrent, requests, tokens. ARGV: request id, max_concurrent, rpm, tpm, lease (0: no limit), resumed
+# KEYS: concurrent, requests, tokens. ARGV: request id, max_concurrent, rpm, tpm (0: no limit), lease (s), resumed
 # (1: an Ask re-issued after its orchestrator died: while still in flight it keeps its slot, takes no request).
 # Returns {over ('' when admitted), retry_after_s, requests left, tokens left, now} as strings.
 _BUCKET = """
@@ -69,7 +69,9 @@ local over, retry, requests, tokens = '', 0, -1, -1
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
 if ARGV[6] == '1' and redis.call('ZSCORE', KEYS[1], rid) then
   redis.call('ZADD', KEYS[1], now + lease, rid)
-  return {over, '0', '-1', '-1', tostring(now)}
+  if rpm > 0 then requests = level_of(KEYS[2], rpm, now) end
+  if tpm > 0 then tokens = level_of(KEYS[3], tpm, now) end
+  return {over, '0', tostring(requests), tostring(tokens), tostring(now)}
 end
 if maxc > 0 and redis.call('ZCARD', KEYS[1]) >= maxc then over, retry = 'max_concurrent', 1 end
 if rpm > 0 then
@@ -82,13 +84,23 @@ if tpm > 0 then
 end
 if over == '' then
   redis.call('ZADD', KEYS[1], now + lease, rid)
-  redis.call('EXPIRE', KEYS[1], lease)
+  redis.call('PEXPIRE', KEYS[1], math.ceil(lease * 1000) + 1)
   if rpm > 0 then
     requests = requests - 1
     store(KEYS[2], requests, rpm, now)
   end
 end
 return {over, tostring(retry), tostring(requests), tostring(tokens), tostring(now)}
+"""
+# KEYS: concurrent. ARGV: request id, lease (s). Extends a request's lease if it still holds its slot: 1, else 0.
+RENEW = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
+local lease = tonumber(ARGV[2])
+if not redis.call('ZSCORE', KEYS[1], ARGV[1]) then return 0 end
+redis.call('ZADD', KEYS[1], now + lease, ARGV[1])
+redis.call('PEXPIRE', KEYS[1], math.ceil(lease * 1000) + 1)
+return 1
 """
 # KEYS: concurrent, tokens. ARGV: request id, tokens used, tpm (0: none).
 FINISH = _BUCKET + """
@@ -116,16 +128,20 @@ def _reset(level: float, per_minute: int) -> str:
     return f"{max(0.0, (per_minute - level) * 60 / per_minute):.3f}s"
 
 
-def rate_limit_headers(tenant: Tenant, requests: float, tokens: float, retry_after_s: float) -> dict[str, str]:
-    """OpenAI's `x-ratelimit-{limit,remaining,reset}-{requests,tokens}` and `retry-after` (whole seconds, >= 1)."""
-    headers = {RETRY_AFTER_KEY: str(max(1, math.ceil(retry_after_s)))}
+def rate_limit_headers(tenant: Tenant, requests: float, tokens: float,
+                       retry_after_s: float | None = None) -> dict[str, str]:
+    """OpenAI's `x-ratelimit-{limit,remaining,reset}-{requests,tokens}` for the limits `tenant` has; with
+    `retry_after_s` (a refusal) `retry-after` too (whole seconds, >= 1), and `x-ratelimit-limit-concurrent`."""
+    headers = {}
+    if retry_after_s is not None:
+        headers[RETRY_AFTER_KEY] = str(max(1, math.ceil(retry_after_s)))
     for kind, per_minute, level in (("requests", tenant.requests_per_minute, requests),
                                     ("tokens", tenant.tokens_per_minute, tokens)):
         if per_minute:
             headers[f"{RATE_LIMIT_PREFIX}limit-{kind}"] = str(per_minute)
             headers[f"{RATE_LIMIT_PREFIX}remaining-{kind}"] = str(max(0, math.floor(level)))
             headers[f"{RATE_LIMIT_PREFIX}reset-{kind}"] = _reset(level, per_minute)
-    if tenant.max_concurrent:
+    if tenant.max_concurrent and retry_after_s is not None:
         headers[f"{RATE_LIMIT_PREFIX}limit-concurrent"] = str(tenant.max_concurrent)
     return headers
 
@@ -179,16 +195,19 @@ class Admission:
     tokens: int = 0
     local: bool = False       # admitted by the in-memory counters (release there)
     answered: bool = False
+    headers: dict[str, str] = field(default_factory=dict)   # x-ratelimit-* at admission (none: not limited)
 
 
 class TenantLimits:
     """Admits requests against their tenant's limits (Redis, else fail-open, else in memory)."""
 
     def __init__(self, redis_url: str, registry: CollectorRegistry | None = None,
-                 fail_open_s: float = FAIL_OPEN_S, clock=time.monotonic) -> None:
+                 fail_open_s: float = FAIL_OPEN_S, clock=time.monotonic, lease_s: float | None = None) -> None:
         self.redis = redis_client(redis_url, timeout_s=REDIS_TIMEOUT_S)   # a Sentinel URL too (redis_url.py)
         self._admit = self.redis.register_script(ADMIT)
+        self._renew = self.redis.register_script(RENEW)
         self._finish = self.redis.register_script(FINISH)
+        self.lease_s = LEASE_S if lease_s is None else lease_s
         self.fail_open_s, self.clock = fail_open_s, clock
         self.unreachable_since: float | None = None
         self.local = _LocalCounters()
@@ -225,7 +244,7 @@ class TenantLimits:
         if not tenant.limited:
             return Admission(tenant, request_id)
         args = (request_id, tenant.max_concurrent or 0, tenant.requests_per_minute or 0,
-                tenant.tokens_per_minute or 0, LEASE_S, int(resumed))
+                tenant.tokens_per_minute or 0, self.lease_s, int(resumed))
         local = False
         try:
             over, retry, requests, tokens, _ = await self._admit(keys=list(self.keys(tenant)), args=list(args))
@@ -241,7 +260,19 @@ class TenantLimits:
             local = True
         if over:
             raise OverLimit(tenant.name, over, retry, rate_limit_headers(tenant, requests, tokens, retry))
-        return Admission(tenant, request_id, local=local)
+        return Admission(tenant, request_id, local=local, headers=rate_limit_headers(tenant, requests, tokens))
+
+    async def renew(self, admission: Admission) -> bool:
+        """Extend the lease of the request's slot (the heartbeat of a request that runs); False when it
+        held none any more (its lease had ended). Nothing to do without a `max_concurrent`, or in memory."""
+        tenant = admission.tenant
+        if not tenant.max_concurrent or admission.local:
+            return True
+        try:
+            held = await self._renew(keys=[self.keys(tenant)[0]], args=[admission.request_id, self.lease_s])
+        except (RedisError, OSError):
+            return True                 # kept by its lease (or freed with it) until Redis answers again
+        return bool(held)
 
     async def finish(self, admission: Admission) -> None:
         """The request ended: free its slot and charge its tokens."""

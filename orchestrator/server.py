@@ -9,8 +9,9 @@ from orchestrator.admission import TenantGate
 from orchestrator.discovery import DEFAULT_REFRESH_S, ReplicaDiscovery, split_targets
 from orchestrator.inference_proxy import InferenceProxy
 from orchestrator.lifecycle_store import LifecycleStore
-from orchestrator.limits import TenantLimits
+from orchestrator.limits import LEASE_S, TenantLimits
 from orchestrator.metrics import OrchestratorMetrics
+from orchestrator.resume_claims import ResumeClaims
 from orchestrator.router import ReplicaRouter
 from orchestrator.servicer import OrchestratorServicer
 from orchestrator.session_directory import SessionDirectory
@@ -47,8 +48,10 @@ class OrchestratorService:
     def __init__(self, config: ServiceConfig, *, redis_url: str, inference: list[str], retrievers: dict[str, str],
                  ttl_s: int = 86400, weights: tuple[float, ...] = (0.4, 0.1, 0.3, 0.2),
                  router_refresh_s: float = 1.0, api_keys: tuple[str, ...] = (), tls: TlsFiles | None = None,
-                 dns_refresh_s: float = DEFAULT_REFRESH_S, tenants: Tenants | None = None) -> None:
-        """`tenants`: the tenants file's (servicekit/tenants.py); None: each of `api_keys` a tenant of its own."""
+                 dns_refresh_s: float = DEFAULT_REFRESH_S, tenants: Tenants | None = None,
+                 lease_s: float = LEASE_S) -> None:
+        """`tenants`: the tenants file's (servicekit/tenants.py); None: each of `api_keys` a tenant of its own.
+        `lease_s`: how long a request's slot and a resume's claim outlive their last renewal (limits.py)."""
         tenants = tenants if tenants is not None else parse_tenants("", api_keys)
         api_keys = tenants.keys or api_keys
         self.store = LifecycleStore(redis_url, ttl_s=ttl_s)
@@ -67,8 +70,9 @@ class OrchestratorService:
         self.metrics = OrchestratorMetrics()
         self.metrics.watch_store(self.store)
         limited = any(tenant.limited for tenant in tenants.tenants.values())
-        self.limits = TenantLimits(redis_url, self.metrics.registry) if limited else None
-        self.gate = TenantGate(tenants, self.limits, self.metrics, self.store)
+        self.limits = TenantLimits(redis_url, self.metrics.registry, lease_s=lease_s) if limited else None
+        self.claims = ResumeClaims(redis_url, lease_s)
+        self.gate = TenantGate(tenants, self.limits, self.metrics, self.store, claims=self.claims, lease_s=lease_s)
         self.servicer = OrchestratorServicer(self.router, stubs, self.store, self.metrics, self.gate)
         self.directory = SessionDirectory(redis_url, ttl_s=ttl_s)
         self.sessions = SessionsProxy(self.router, self.directory, self.store)
@@ -97,6 +101,7 @@ class OrchestratorService:
         await self.directory.close()
         if self.limits is not None:
             await self.limits.close()
+        await self.claims.close()
         for channel in self.channels.values():
             await channel.close()
 
@@ -125,7 +130,8 @@ async def serve(args: argparse.Namespace) -> None:
                                       inference=inference,
                                       retrievers={"anns": args.anns, "crawler": args.crawler, "replay": args.replay},
                                       ttl_s=args.ttl, weights=parse_weights(args.router_weights),
-                                      api_keys=api_keys, tls=tls, dns_refresh_s=args.dns_refresh, tenants=tenants)
+                                      api_keys=api_keys, tls=tls, dns_refresh_s=args.dns_refresh, tenants=tenants,
+                                      lease_s=args.tenant_lease)
     except ValueError as exc:
         raise SystemExit(f"error: {exc}") from None
     port = await service.start()

@@ -6,8 +6,18 @@ import argparse
 
 from servicekit.auth import add_api_key_args
 from servicekit.config import DEFAULT_PORTS, add_service_args, env_default
-from servicekit.tenants import add_tenants_args
+from servicekit.tenants import LEASE_S, add_tenants_args
 from servicekit.tls import add_tls_args
+
+
+def positive_seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a positive number of seconds, got {text!r}")
+    return value
 
 
 def add_orchestrator_args(parser: argparse.ArgumentParser) -> None:
@@ -33,4 +43,8 @@ def add_orchestrator_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--log-level", default=env("log_level", "INFO"))
     add_api_key_args(parser, "orchestrator")
     add_tenants_args(parser, "orchestrator")
+    parser.add_argument("--tenant-lease", type=positive_seconds, default=env("tenant_lease", LEASE_S),
+                        help="seconds a request's concurrency slot (and a resume's claim) outlives its last renewal; "
+                             "renewed every third of it while the request runs, so a dead orchestrator's slots "
+                             "free within it (default %(default)g)")
     add_tls_args(parser, "orchestrator")

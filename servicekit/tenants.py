@@ -34,6 +34,9 @@ from typing import Any
 from servicekit.config import env_default, env_name
 
 DEFAULT_MAX_QUEUE_S = 60.0
+# How long a request's concurrency slot (and a resume's claim) outlives its last renewal in Redis; the
+# orchestrator renews it while the request runs (orchestrator/limits.py), `--tenant-lease` changes it.
+LEASE_S = 30.0
 ANONYMOUS = ""                       # the tenant of a caller on a service with no keys at all
 LIMIT_FIELDS = ("max_concurrent", "requests_per_minute", "tokens_per_minute")
 FIELDS = ("keys", "weight", *LIMIT_FIELDS, "max_queue_s")

@@ -66,7 +66,8 @@ def world(embedded_model_dir, tmp_path):
         for i in range(2):
             orchestrators.append(OrchestratorProcess(
                 parts[0].url, [gate.address], anns=retriever.address, log_path=tmp_path / f"orchestrator-{i}.log",
-                args=("--tenants", str(tmp_path / "tenants.toml")), env={"STREAMRAG_API_KEY": STACK_KEY}))
+                args=("--tenants", str(tmp_path / "tenants.toml"), "--tenant-lease", "600"),   # outlives the test
+                env={"STREAMRAG_API_KEY": STACK_KEY}))
             parts.append(orchestrators[-1])
         yield parts[0], gate, orchestrators
     finally:

@@ -1,13 +1,16 @@
 """The limits' bookkeeping in Redis (orchestrator/limits.py), without a model: two orchestrators share one
-limit, a dead orchestrator's slots come back when their leases end, and Redis unreachable fails open, then
-holds the limits in memory after the bound."""
+limit, a running request's lease is renewed and a dead orchestrator's slots come back when their leases end,
+one resume of a request at a time (resume_claims.py), and Redis unreachable fails open, then holds the
+limits in memory after the bound."""
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
-from orchestrator import limits as limits_module
 from orchestrator.limits import OverLimit, TenantLimits
+from orchestrator.resume_claims import AlreadyResumed, ResumeClaims
 from servicekit.tenants import Tenant
 from tests.support.redis_server import free_port
 
@@ -46,11 +49,53 @@ async def test_max_concurrent_counts_requests_in_flight_across_orchestrators(two
     await two[0].admit(other, "x")                       # another tenant's counter is its own
 
 
-async def test_a_dead_orchestrators_slots_free_when_their_leases_end(two, monkeypatch):
+async def test_a_dead_orchestrators_slots_free_when_their_leases_end(two):
     tenant = Tenant("leased", max_concurrent=1)
-    monkeypatch.setattr(limits_module, "LEASE_S", 0)     # leases end at once: as after LEASE_S
-    await two[0].admit(tenant, "held-by-the-dead")        # never finished: its orchestrator was killed
+    two[0].lease_s = 0                                    # leases end at once: as a lease after its last renewal
+    await two[0].admit(tenant, "held-by-the-dead")        # never finished nor renewed: its orchestrator was killed
     await two[1].admit(tenant, "next")
+
+
+async def test_a_running_requests_lease_is_renewed_until_it_ends(two):
+    tenant = Tenant("renewed", max_concurrent=1)
+    concurrent = TenantLimits.keys(tenant)[0]
+    admission = await two[0].admit(tenant, "running")
+    first = await two[0].redis.zscore(concurrent, "running")
+    assert await two[0].renew(admission)
+    assert await two[0].redis.zscore(concurrent, "running") > first      # its lease now ends later
+    await two[0].finish(admission)
+    assert not await two[0].renew(admission)                               # ended: nothing to renew, none re-taken
+    assert await two[0].redis.zscore(concurrent, "running") is None
+
+
+async def test_one_resume_of_a_request_runs_at_a_time(redis_server):
+    first, second = ResumeClaims(redis_server.url, lease_s=30), ResumeClaims(redis_server.url, lease_s=30)
+    try:
+        claim = await first.claim("resumed-twice")
+        with pytest.raises(AlreadyResumed, match="already being resumed"):
+            await second.claim("resumed-twice")
+        assert await first.renew(claim)
+        await second.claim("another-request")             # a claim is per request
+        await first.release(claim)
+        again = await second.claim("resumed-twice")       # the first resume ended: it may be resumed again
+        await first.release(claim)                         # a stale release leaves the new holder's claim alone
+        with pytest.raises(AlreadyResumed):
+            await first.claim("resumed-twice")
+        await second.release(again)
+        short = ResumeClaims(redis_server.url, lease_s=0.001)   # a claim whose holder died ends with its lease
+        await short.claim("holder-died")
+        try:
+            while True:
+                try:
+                    await first.claim("holder-died")
+                    break
+                except AlreadyResumed:
+                    await asyncio.sleep(0.01)
+        finally:
+            await short.close()
+    finally:
+        await first.close()
+        await second.close()
 
 
 async def test_tokens_are_charged_when_a_request_ends_and_hold_the_next_one_back(two):
