@@ -1,5 +1,9 @@
 """The `Orchestrator` gRPC servicer: Ask (the pipeline in ask.py), and GetRequest and ListRequests
-(the lifecycle store's records, read from Redis: clients such as `streamrag requests` open no Redis)."""
+(the lifecycle store's records, read from Redis: clients such as `streamrag requests` open no Redis).
+
+A caller reads only its tenant's records (tenancy.py's `reader_scope`): another tenant's request is
+NOT_FOUND, as one that does not exist (so ids do not leak), and a list holds the caller's tenant's
+requests alone. An admin tenant and the operator read every tenant's."""
 
 from __future__ import annotations
 
@@ -17,6 +21,7 @@ from orchestrator.lifecycle_store import StoreUnavailable, to_proto
 from orchestrator.metrics import OrchestratorMetrics
 from orchestrator.recording import abort_failed
 from orchestrator.router import NoReplicaAvailable
+from orchestrator.tenancy import reader_scope
 from protos import orchestrator_pb2, orchestrator_pb2_grpc
 from servicekit.tenants import Tenants
 
@@ -88,8 +93,9 @@ class OrchestratorServicer(orchestrator_pb2_grpc.OrchestratorServicer):
     async def GetRequest(self, request, context) -> orchestrator_pb2.GetRequestResponse:
         if not request.request_id:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "request_id must not be empty")
+        scope = reader_scope(context.invocation_metadata(), self.gate.tenants)
         stored = await self._read(context, self.store.get(request.request_id))
-        if stored is None:
+        if stored is None or (scope is not None and stored.extra.get("tenant", "") != scope):
             await context.abort(grpc.StatusCode.NOT_FOUND, f"no request {request.request_id!r}")
         return orchestrator_pb2.GetRequestResponse(record=to_proto(stored))
 
@@ -98,9 +104,13 @@ class OrchestratorServicer(orchestrator_pb2_grpc.OrchestratorServicer):
             limit = list_limit(request.limit, self.store.recent_max)
         except ValueError as exc:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
-        if request.tenant:          # the tenant's among the newest the index holds
+        scope = reader_scope(context.invocation_metadata(), self.gate.tenants)
+        tenant = request.tenant if scope is None else scope
+        if scope is not None and request.tenant not in ("", scope):
+            return orchestrator_pb2.ListRequestsResponse()          # another tenant's: none the caller may read
+        if tenant or scope is not None:          # the tenant's among the newest the index holds
             stored = await self._read(context, self.store.recent(self.store.recent_max))
-            stored = [r for r in stored if r.extra.get("tenant") == request.tenant][:limit]
+            stored = [r for r in stored if r.extra.get("tenant", "") == tenant][:limit]
         else:
             stored = await self._read(context, self.store.recent(limit))
         return orchestrator_pb2.ListRequestsResponse(records=[to_proto(r) for r in stored])

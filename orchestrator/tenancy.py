@@ -6,6 +6,10 @@ stack's own key (the gateway) may name the tenant it acts for (`protos.metadata.
 priority is `PRIORITY_KEY` (an integer; lower runs sooner), 0 when absent; anything else is the
 caller's error (`BadIdentity`).
 
+Who may read which request records (GetRequest, ListRequests): `reader_scope`. A tenant's key reads
+its tenant's records only; an `admin` tenant's key, the stack's own key in a call naming no tenant
+(the operator: `streamrag requests`), or any call on a service with no keys, reads every tenant's.
+
 `current_identity` holds the identity of the request being served (a context variable: the tasks an
 Ask starts inherit it), and `identity_interceptors` add it to every call on the replica channels, so
 the Ask pipeline, the Inference proxy and sessions need no change to send it.
@@ -60,6 +64,17 @@ def identity_of(metadata, tenants: Tenants) -> CallIdentity:
     if not PRIORITY_RANGE[0] <= priority <= PRIORITY_RANGE[1]:
         raise BadIdentity(f"{PRIORITY_KEY} is out of range, got {priority}")
     return CallIdentity(tenant, priority)
+
+
+def reader_scope(metadata, tenants: Tenants) -> str | None:
+    """The tenant whose request records a call with `metadata` may read; None: every tenant's."""
+    found = {key: _text(value) for key, value in metadata or ()}
+    tenant = tenants.resolve(bearer_token(found.get("authorization")), found.get(TENANT_KEY))
+    if tenant.admin or (tenant is NO_TENANT and not tenants):
+        return None
+    if tenant.own and TENANT_KEY not in found:
+        return None
+    return tenant.name
 
 
 class _WithIdentity:

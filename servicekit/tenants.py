@@ -7,6 +7,7 @@
     requests_per_minute = 120
     tokens_per_minute = 50000  # prompt and generated tokens
     max_queue_s = 60           # the longest a request may wait to start (default 60)
+    admin = false              # true: may read every tenant's request records (default false)
 
 `--tenants FILE` (env `STREAMRAG_<SERVICE>_TENANTS`) on the gateway and the orchestrator. A key of
 the plain key file (`--api-key-file`) or `STREAMRAG_API_KEY` that no tenant lists is a tenant of its
@@ -14,8 +15,12 @@ own: weight 1, no limits, named `key-` and the first 8 hex digits of the key's S
 Such a key is also the stack's own: the gateway calls the orchestrator with it and names the tenant
 it acts for in the call's metadata (`protos.metadata.TENANT_KEY`), which only these keys may do.
 
+A tenant reads only its own requests' records (orchestrator/tenancy.py's `reader_scope`); an `admin`
+tenant reads every tenant's, as does the stack's own key when its call names no tenant (the operator).
+
 Bad input is one line naming the file and line: bad TOML, an unknown field, a negative or zero limit,
-a weight that is not a positive number, a key two tenants claim (`load_tenants` raises `SystemExit`).
+a weight that is not a positive number, an `admin` that is not true or false, a key two tenants claim
+(`load_tenants` raises `SystemExit`).
 """
 
 from __future__ import annotations
@@ -39,7 +44,7 @@ DEFAULT_MAX_QUEUE_S = 60.0
 LEASE_S = 30.0
 ANONYMOUS = ""                       # the tenant of a caller on a service with no keys at all
 LIMIT_FIELDS = ("max_concurrent", "requests_per_minute", "tokens_per_minute")
-FIELDS = ("keys", "weight", *LIMIT_FIELDS, "max_queue_s")
+FIELDS = ("keys", "weight", *LIMIT_FIELDS, "max_queue_s", "admin")
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 
 
@@ -54,6 +59,7 @@ class Tenant:
     requests_per_minute: int | None = None
     tokens_per_minute: int | None = None
     max_queue_s: float = DEFAULT_MAX_QUEUE_S
+    admin: bool = False               # may read every tenant's request records
     own: bool = False                 # a key of the plain key file: the stack's own (may name a tenant)
 
     @property
@@ -175,6 +181,11 @@ def _tenant(name: str, table: Any, text: str) -> Tenant:
                 values[key] = _number(table[key], f"tenants.{name}.{key}", integer)
             except ValueError as exc:
                 raise TenantsFileError(str(exc), _line_of(text, name, key)) from None
+    if "admin" in table:
+        if not isinstance(table["admin"], bool):
+            raise TenantsFileError(f"tenants.{name}.admin must be true or false, got {table['admin']!r}",
+                                   _line_of(text, name, "admin"))
+        values["admin"] = table["admin"]
     if "weight" in values:
         values["weight"] = float(values["weight"])
     if "max_queue_s" in values:
@@ -252,7 +263,8 @@ def tenant_summary(tenants: Mapping[str, Tenant]) -> str:
     for tenant in tenants.values():
         limits = [f"{tenant.max_concurrent} concurrent" if tenant.max_concurrent else "",
                   f"{tenant.requests_per_minute} rpm" if tenant.requests_per_minute else "",
-                  f"{tenant.tokens_per_minute} tpm" if tenant.tokens_per_minute else ""]
+                  f"{tenant.tokens_per_minute} tpm" if tenant.tokens_per_minute else "",
+                  "admin" if tenant.admin else ""]
         extra = ", ".join([f"weight {tenant.weight:g}", *filter(None, limits)]) if not tenant.own else ""
         parts.append(f"{tenant.name} ({extra})" if extra else tenant.name)
     return ", ".join(parts)

@@ -35,6 +35,7 @@ def test_a_tenants_file_gives_each_tenant_its_keys_weight_and_limits():
     light = tenants.of_key("light-1")
     assert (light.name, light.weight, light.limited, light.max_queue_s) == ("light", 1.0, False, 60.0)
     assert tenants.of_key("nobody") is None and tenants.of_key(None) is None
+    assert not acme.admin and parse_tenants('[tenants.ops]\nkeys = ["o"]\nadmin = true\n').of_key("o").admin
 
 
 def test_a_plain_key_is_a_tenant_of_its_own_and_the_stacks_own_key_may_name_a_tenant():
@@ -63,12 +64,14 @@ BAD = [
     ('[tenants.a]\nkeys = ["k"]\nmax_concurrent = 1.5\n', 3, "must be an integer"),
     ('[tenants.a]\nkeys = ["k"]\nweight = 0\n', 3, "weight must be positive"),
     ('[tenant.a]\nkeys = ["k"]\n', 1, "unknown top-level field 'tenant'"),
+    ('[tenants.a]\nkeys = ["k"]\n\n[tenants.b]\nkeys = ["j"]\nadmin = "yes"\n', 6,
+     "tenants.b.admin must be true or false, got 'yes'"),
 ]
 
 
 @pytest.mark.parametrize(("text", "line", "what"), BAD,
                          ids=["unknown-field", "negative-limit", "shared-key", "bad-toml", "fractional", "zero-weight",
-                              "top-level"])
+                              "top-level", "admin-not-bool"])
 def test_bad_tenants_file_is_a_one_line_error_naming_the_line(tmp_path, text, line, what):
     path = tmp_path / "tenants.toml"
     path.write_text(text)
