@@ -5,7 +5,8 @@
 `GatewayError` carries an HTTP status and that body; the app turns it into the response (or,
 once a stream has started, into its last event). A service's refusal that says when to retry (a
 tenant over its limit, a request that could not start in time: trailing metadata `retry-after`
-and OpenAI's `x-ratelimit-*`, orchestrator/limits.py) keeps them as the response's headers.
+and OpenAI's `x-ratelimit-*`, orchestrator/limits.py) keeps them as the response's headers; an
+answer keeps the `x-ratelimit-*` values the orchestrator sent at admission (`limit_headers`).
 """
 
 from __future__ import annotations
@@ -73,8 +74,13 @@ def retry_headers(exc: grpc.RpcError) -> dict[str, str]:
         trailing = exc.trailing_metadata() or ()
     except Exception:          # an error raised before the call had metadata
         return {}
+    return limit_headers(trailing)
+
+
+def limit_headers(metadata) -> dict[str, str]:
+    """`Retry-After` and `x-ratelimit-*` from call metadata (protos/metadata.py), as HTTP headers."""
     headers = {}
-    for key, value in trailing:
+    for key, value in metadata or ():
         if key == RETRY_AFTER_KEY:
             headers["Retry-After"] = str(value)
         elif key.startswith(RATE_LIMIT_PREFIX):

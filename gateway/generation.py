@@ -9,8 +9,10 @@ continuation (`gateway/plain_resume.py`).
 
 A `Generation` wraps the gRPC call. `first_output()` waits for the first token (or the end):
 an error before it is an HTTP error status; after it, the stream is already answered with 200
-and an error ends it as its last event. `cancel()` cancels the call, which is what makes the
-orchestrator abort its request and the engine free the request's KV blocks.
+and an error ends it as its last event. It then reads the `x-ratelimit-*` values the orchestrator
+sent at admission (initial metadata), which go out as the answer's headers. `cancel()` cancels the
+call, which is what makes the orchestrator abort its request and the engine free the request's KV
+blocks.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from typing import Any
 
 import grpc
 
-from gateway.errors import GatewayError, from_grpc
+from gateway.errors import GatewayError, from_grpc, limit_headers
 from gateway.plain_resume import ResumableGenerate
 from gateway.protocol import RAG_MODEL, GenerationRequest, RetrievalOptions, Sampling
 from gateway.upstream import Upstream
@@ -103,6 +105,7 @@ class Generation:
     started: float = field(default_factory=time.monotonic)
     first_token_s: float | None = None
     warnings: list[str] = field(default_factory=list)    # the orchestrator's, as they came (response headers)
+    rate_limits: dict[str, str] = field(default_factory=dict)   # x-ratelimit-* at admission (response headers)
     _pending: list[str | Finish] = field(default_factory=list)
     _events: AsyncIterator[str | Finish] | None = None
 
@@ -128,6 +131,17 @@ class Generation:
         """Wait for the first token or the end; a failure before it raises `GatewayError`."""
         self._events = self._outputs()
         self._pending.append(await anext(self._events))
+        await self._read_rate_limits()
+
+    async def _read_rate_limits(self) -> None:
+        """The `x-ratelimit-*` values the orchestrator sent when it admitted the call that answered."""
+        call = getattr(self.call, "call", None)          # the resumable call's current gRPC call
+        if call is None:
+            return
+        try:
+            self.rate_limits = limit_headers(await call.initial_metadata())
+        except Exception:                                # none came: nothing to send
+            return
 
     async def outputs(self) -> AsyncIterator[str | Finish]:
         """Every output from the first on: token texts, then one `Finish`."""

@@ -7,7 +7,9 @@ chunk that carries `finish_reason` also carries `streamrag` on the RAG path; wit
 `stream_options.include_usage` one more chunk with empty `choices` carries `usage`.
 The orchestrator's warnings about the context (`streamrag.warnings`: a retriever that could not
 serve, the crawler asked in its place, no sources and why) also go out as `X-Streamrag-Warning`
-headers, one a warning: the headers leave with the first token, after retrieval has ended.
+headers, one a warning: the headers leave with the first token, after retrieval has ended. A tenant
+with a per-minute limit gets OpenAI's `x-ratelimit-{limit,remaining,reset}-{requests,tokens}` on every
+answer, the values when the orchestrator admitted it (a stream's headers leave first, as OpenAI's do).
 
 A client that goes away cancels the gRPC call: while waiting for the first token or for a
 non-streamed answer (`until_disconnected` listens for `http.disconnect`), and mid-stream
@@ -96,15 +98,21 @@ async def respond(request: Request, body: GenerationRequest, shape: Shape,
             request.app.state.metrics.ttft.labels(shape.route, generation.kind).observe(time.monotonic() - arrived)
         if body.stream:
             streaming = True            # from here the event generator owns the call
-            return with_warnings(EventSourceResponse(_events(shape, request_id, body, generation), sep="\n"),
-                                 generation.warnings)
+            return with_headers(EventSourceResponse(_events(shape, request_id, body, generation), sep="\n"),
+                                generation)
         text, finish = await until_disconnected(request, _collect(generation))
-        return with_warnings(JSONResponse(_full_body(shape, request_id, body.model, text, finish)), generation.warnings)
+        return with_headers(JSONResponse(_full_body(shape, request_id, body.model, text, finish)), generation)
     except ClientGone:
         return Response(status_code=CLIENT_CLOSED)
     finally:
         if not streaming:
             generation.cancel()            # a no-op once the call has ended
+
+
+def with_headers(response: Response, generation: Generation) -> Response:
+    """`response` with the generation's warnings and its tenant's `x-ratelimit-*` values at admission."""
+    response.headers.update(generation.rate_limits)
+    return with_warnings(response, generation.warnings)
 
 
 def with_warnings(response: Response, warnings: list[str]) -> Response:

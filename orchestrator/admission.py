@@ -1,7 +1,9 @@
 """What every request the orchestrator serves passes (an Ask, a plain Generate, a StreamPrompt):
 
 1. who it is for (tenancy.py): a priority that is not an integer ends the call INVALID_ARGUMENT;
-2. its tenant's limits (limits.py): over one, RESOURCE_EXHAUSTED with the retry delay;
+2. its tenant's limits (limits.py): over one, RESOURCE_EXHAUSTED with the retry delay; admitted, the
+   call's initial metadata carries OpenAI's `x-ratelimit-*` values at admission (a tenant with a
+   per-minute limit: the gateway sets them on its answer's headers);
 3. its tenant's `max_queue_s` (default 60 s): a request whose answer has not started by then (no
    token yet: queued, or prefilling behind others) is shed, UNAVAILABLE with `retry-after` in the
    trailing metadata, its replica call cancelled (which frees its blocks) and its record FAILED; so
@@ -116,6 +118,8 @@ class TenantGate:
         current_identity.set(identity)        # this call's task alone: never reset (an RPC runs in its own task)
         if self.store is not None and request_id:
             await record_tenant(self.store, request_id, name, identity.priority)
+        if admission.headers:                 # the limits' values at admission, before the answer (the gateway's
+            await context.send_initial_metadata(tuple(admission.headers.items()))   # headers of a success)
         outcome = "cancelled"
         renews_slot = self.limits is not None and bool(admission.tenant.max_concurrent) and not admission.local
         heartbeat = (asyncio.create_task(self._heartbeat(admission, claim, renews_slot))
@@ -140,6 +144,8 @@ class TenantGate:
         lapsed = False
         while True:
             await asyncio.sleep(self.lease_s / RENEWALS_PER_LEASE)
+            if admission.ended:
+                return
             if renews_slot and not await self.limits.renew(admission) and not lapsed:
                 lapsed = True
                 log.warning("request %s of tenant %r: its slot's lease ended before it was renewed (this "
@@ -183,6 +189,8 @@ class TenantGate:
                     stats = event.done.stats
                     self.note_done(admission, stats, getattr(event.done, "ttft_from_question_s", 0.0)
                                    or stats.ttft_from_open_s)
+                    if self.limits is not None:     # freed before the caller has the answer: its next request
+                        await self.limits.finish(admission)   # finds the slot free
                 yield response
 
     async def _shed(self, context: grpc.aio.ServicerContext, admission: Admission, wait_s: float) -> None:

@@ -196,6 +196,7 @@ class Admission:
     local: bool = False       # admitted by the in-memory counters (release there)
     answered: bool = False
     headers: dict[str, str] = field(default_factory=dict)   # x-ratelimit-* at admission (none: not limited)
+    ended: bool = False       # `finish`ed: its slot freed, its tokens charged (once)
 
 
 class TenantLimits:
@@ -275,10 +276,11 @@ class TenantLimits:
         return bool(held)
 
     async def finish(self, admission: Admission) -> None:
-        """The request ended: free its slot and charge its tokens."""
+        """The request ended: free its slot and charge its tokens (once; a second call does nothing)."""
         tenant = admission.tenant
-        if not tenant.limited:
+        if not tenant.limited or admission.ended:
             return
+        admission.ended = True
         if admission.local:
             self.local.finish(tenant, admission.request_id, admission.tokens)
             return

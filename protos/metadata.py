@@ -48,6 +48,8 @@ def identity_metadata(tenant: str, weight: float = 1.0, priority: int = 0) -> tu
 
 # Trailing metadata of a call refused for a tenant's limit (RESOURCE_EXHAUSTED) or for waiting too
 # long to start (UNAVAILABLE): seconds to wait before retrying, and OpenAI's rate-limit headers
-# (`x-ratelimit-*`), which the gateway copies onto its 429/503 answer.
+# (`x-ratelimit-*`), which the gateway copies onto its 429/503 answer. An admitted call of a tenant with
+# a per-minute limit carries the `x-ratelimit-*` values at its admission in its initial metadata, which
+# the gateway copies onto its answer's headers (streamed or not).
 RETRY_AFTER_KEY = "retry-after"
 RATE_LIMIT_PREFIX = "x-ratelimit-"

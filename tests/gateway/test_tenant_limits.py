@@ -1,7 +1,8 @@
 """Tenants' limits, held in the stack's Redis: a tenant over `max_concurrent`, `requests_per_minute` or
 `tokens_per_minute` gets 429 with `Retry-After` and OpenAI's `x-ratelimit-*` headers through the official
-`openai` client, and RESOURCE_EXHAUSTED with the same values in trailing metadata over gRPC; two tenants'
-counters are independent; the orchestrator refuses a priority that is not an integer."""
+`openai` client, and RESOURCE_EXHAUSTED with the same values in trailing metadata over gRPC; an answer to a
+limited tenant carries the values at admission too (initial metadata over gRPC), an unlimited tenant's
+none; two tenants' counters are independent; the orchestrator refuses a priority that is not an integer."""
 
 from __future__ import annotations
 
@@ -47,6 +48,14 @@ requests_per_minute = 1
 [tenants.queue-{RUN}]
 keys = ["queue-key"]
 max_queue_s = 1
+
+[tenants.headers-{RUN}]
+keys = ["headers-key"]
+requests_per_minute = 10
+tokens_per_minute = 100000
+
+[tenants.free-{RUN}]
+keys = ["free-key"]
 """
 
 
@@ -143,6 +152,40 @@ def test_over_grpc_a_limit_is_resource_exhausted_with_the_retry_delay_in_trailin
         list(orchestrator.stub.Ask(orchestrator_pb2.AskRequest(question="files?", max_tokens=2), timeout=120,
                                    metadata=bearer_metadata("grpc-key")))
     assert raised.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+
+
+def test_a_limited_tenants_answers_carry_openais_rate_limit_headers_and_an_unlimited_tenants_none(
+        limited, served_model):
+    client = _client(limited, "headers-key")
+    messages = [{"role": "user", "content": "Hi"}]
+    raw = client.chat.completions.with_raw_response.create(model=served_model, messages=messages, max_tokens=2)
+    assert raw.parse().choices[0].message.content is not None
+    first = raw.headers
+    assert first["x-ratelimit-limit-requests"] == "10" and first["x-ratelimit-remaining-requests"] == "9"
+    assert first["x-ratelimit-limit-tokens"] == "100000" and first["x-ratelimit-remaining-tokens"] == "100000"
+    for kind in ("requests", "tokens"):
+        reset = first[f"x-ratelimit-reset-{kind}"]
+        assert reset.endswith("s") and float(reset[:-1]) >= 0
+    assert "retry-after" not in first and "x-ratelimit-limit-concurrent" not in first
+    # streamed: the headers leave first, with the values at admission
+    with client.chat.completions.with_streaming_response.create(model=served_model, messages=messages,
+                                                                max_tokens=2, stream=True) as streamed:
+        headers = streamed.headers
+        assert any(chunk.choices for chunk in streamed.parse())
+    assert headers["x-ratelimit-limit-requests"] == "10" and int(headers["x-ratelimit-remaining-requests"]) < 10
+    assert 0 <= int(headers["x-ratelimit-remaining-tokens"]) <= 100000   # (buckets refill: no exact count asserted)
+    completion = client.completions.with_raw_response.create(model=served_model, prompt="Hi", max_tokens=1)
+    assert completion.headers["x-ratelimit-limit-tokens"] == "100000"
+    free = _client(limited, "free-key").chat.completions.with_raw_response.create(
+        model=served_model, messages=messages, max_tokens=2)
+    assert not [key for key in free.headers if key.lower().startswith("x-ratelimit-")]
+    # over gRPC: the initial metadata of the admitted call
+    stub = inference_pb2_grpc.InferenceStub(limited[1].channel)
+    call = stub.Generate(inference_pb2.GenerateRequest(segments=[{"text": "Hi"}], sampling={"max_tokens": 1}),
+                         timeout=120, metadata=bearer_metadata("headers-key"))
+    initial = dict(call.initial_metadata())
+    list(call)
+    assert initial["x-ratelimit-limit-requests"] == "10" and int(initial["x-ratelimit-remaining-requests"]) < 10
 
 
 def test_only_the_stacks_own_key_may_name_the_tenant_a_call_is_for(limited, served_model):
