@@ -104,6 +104,12 @@ class TenantGate:
             if claim is not None:
                 await self.claims.release(claim)
 
+    async def let_in(self, context: grpc.aio.ServicerContext) -> None:
+        """A call that holds no slot while it runs (a session's Subscribe): admitted like any (its identity set
+        for the replica calls it makes, one of its tenant's requests taken), its slot freed at once."""
+        async with self.admitted(context, "") as admission:
+            admission.answered = True
+
     @asynccontextmanager
     async def _limited(self, context: grpc.aio.ServicerContext, identity, request_id: str, resumed: bool,
                        claim: Claim | None) -> AsyncIterator[Admission]:

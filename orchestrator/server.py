@@ -75,7 +75,7 @@ class OrchestratorService:
         self.gate = TenantGate(tenants, self.limits, self.metrics, self.store, claims=self.claims, lease_s=lease_s)
         self.servicer = OrchestratorServicer(self.router, stubs, self.store, self.metrics, self.gate)
         self.directory = SessionDirectory(redis_url, ttl_s=ttl_s)
-        self.sessions = SessionsProxy(self.router, self.directory, self.store)
+        self.sessions = SessionsProxy(self.router, self.directory, self.store, self.gate)   # behind the gate too
         # Prompts without retrieval (the gateway's plain chats), routed and recorded like Asks.
         self.inference = InferenceProxy(self.router, self.store, self.metrics, self.gate)
         self.runner = ServiceRunner(config, [(orchestrator_pb2_grpc.add_OrchestratorServicer_to_server, self.servicer),

@@ -14,6 +14,12 @@ and carries on. With no replica left, the call ends UNAVAILABLE and says which r
 
 The rebuild, and the closing of the copy it leaves behind: session_rebuild.py.
 
+Every call passes the tenant gate like an Ask (admission.py): the caller's key names its tenant, whose
+limits hold (a call takes one of its requests, and a slot while it runs), and the tenant and priority go
+with every call to the replica. A Query is gated as an Ask is: its tokens are charged to the tenant,
+and one that has not started within the tenant's `max_queue_s` is shed. A Subscribe is counted as a
+request when it opens, and holds no slot while it stays open.
+
 Queries are also recorded in the lifecycle store like Asks, through `recording.py` and with the same
 event names (`streamrag requests` shows them): a query moved by a rebuild gets an ERROR event naming
 both replicas; it ends with DONE and FINISHED, ERROR and FAILED, or CANCELLED. Every write to the
@@ -24,6 +30,7 @@ store goes through recording.py. Session events
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -31,9 +38,11 @@ from typing import Any
 
 import grpc
 
+from orchestrator.admission import TenantGate
 from orchestrator.failures import peer_wait_s, session_needs_rebuild
 from orchestrator.keeper import AnswerFailed
 from orchestrator.lifecycle_store import LifecycleStore, StoreUnavailable
+from orchestrator.metrics import OrchestratorMetrics
 from orchestrator.recording import (
     abort_failed,
     record_cancelled,
@@ -46,6 +55,7 @@ from orchestrator.session_query import QueryKeeper
 from orchestrator.session_rebuild import RPC_TIMEOUT_S, ReplicaLost, SessionRebuilder
 from protos import sessions_pb2, sessions_pb2_grpc
 from protos.metadata import INGEST_AFTER_KEY
+from servicekit.tenants import Tenants
 
 log = logging.getLogger(__name__)
 
@@ -60,11 +70,25 @@ def ingest_after(context: grpc.aio.ServicerContext) -> int | None:
     return None
 
 
+def gated(method: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
+    """A unary (or client-streaming) call behind the tenant gate: admitted, a slot held while it runs."""
+    @functools.wraps(method)
+    async def call(self: SessionsProxy, request, context):
+        async with self.gate.admitted(context, "") as admission:
+            response = await method(self, request, context)
+            admission.answered = True
+            return response
+
+    return call
+
+
 class SessionsProxy(sessions_pb2_grpc.SessionsServicer):
-    def __init__(self, router: ReplicaRouter, directory: SessionDirectory, store: LifecycleStore) -> None:
+    def __init__(self, router: ReplicaRouter, directory: SessionDirectory, store: LifecycleStore,
+                 gate: TenantGate | None = None) -> None:
         self.router = router
         self.directory = directory
         self.store = store
+        self.gate = gate or TenantGate(Tenants(), None, OrchestratorMetrics())   # tenants and limits (admission.py)
         self._stubs: dict[str, sessions_pb2_grpc.SessionsStub] = {}
         self.rebuilder = SessionRebuilder(router, directory, store, self.stub)   # session_rebuild.py
 
@@ -74,6 +98,7 @@ class SessionsProxy(sessions_pb2_grpc.SessionsServicer):
         return self._stubs[address]
 
     # --- unary calls --------------------------------------------------------------------
+    @gated
     async def CreateSession(self, request, context) -> sessions_pb2.CreateSessionResponse:
         session_id = request.session_id or uuid.uuid4().hex[:12]
         try:
@@ -95,6 +120,7 @@ class SessionsProxy(sessions_pb2_grpc.SessionsServicer):
         response.session.replica = replica.address
         return response
 
+    @gated
     async def Ingest(self, request_iterator, context) -> sessions_pb2.IngestResponse:
         """Each batch is forwarded on its own, then kept in the directory for a rebuild. A re-issue
         (`INGEST_AFTER_KEY`: the version the caller had) skips the batches that landed before the break."""
@@ -134,6 +160,7 @@ class SessionsProxy(sessions_pb2_grpc.SessionsServicer):
             held = record.data_version
         return record.data_version, max(record.data_version, held)
 
+    @gated
     async def RegisterFlashQuery(self, request, context) -> sessions_pb2.RegisterFlashQueryResponse:
         response = await self._unary(context, request.session_id,
                                      lambda stub: stub.RegisterFlashQuery(request, timeout=RPC_TIMEOUT_S))
@@ -141,6 +168,7 @@ class SessionsProxy(sessions_pb2_grpc.SessionsServicer):
                                                                 request.max_tokens))
         return response
 
+    @gated
     async def UnregisterFlashQuery(self, request, context) -> sessions_pb2.UnregisterFlashQueryResponse:
         response = await self._unary(context, request.session_id,
                                      lambda stub: stub.UnregisterFlashQuery(request, timeout=RPC_TIMEOUT_S))
@@ -149,6 +177,7 @@ class SessionsProxy(sessions_pb2_grpc.SessionsServicer):
             await self._directory(context, self.directory.set_flash(request.session_id, question, None))
         return response
 
+    @gated
     async def DescribeSession(self, request, context) -> sessions_pb2.DescribeSessionResponse:
         response = await self._unary(context, request.session_id,
                                      lambda stub: stub.DescribeSession(request, timeout=RPC_TIMEOUT_S))
@@ -156,6 +185,7 @@ class SessionsProxy(sessions_pb2_grpc.SessionsServicer):
         response.session.replica = record.replica
         return response
 
+    @gated
     async def ListSessions(self, request, context) -> sessions_pb2.ListSessionsResponse:
         ids = await self._directory(context, self.directory.ids())
         records = [r for r in await asyncio.gather(*(self.directory.get(i) for i in ids)) if r is not None]
@@ -173,6 +203,7 @@ class SessionsProxy(sessions_pb2_grpc.SessionsServicer):
 
         return sessions_pb2.ListSessionsResponse(sessions=await asyncio.gather(*map(describe, records)))
 
+    @gated
     async def CloseSession(self, request, context) -> sessions_pb2.CloseSessionResponse:
         record = await self._record(context, request.session_id)
         try:
@@ -188,10 +219,17 @@ class SessionsProxy(sessions_pb2_grpc.SessionsServicer):
 
     # --- streaming calls ----------------------------------------------------------------
     async def Query(self, request, context) -> AsyncIterator[sessions_pb2.QueryResponse]:
-        """Forwarded to the session's replica and kept going when it is lost (session_query.py)."""
+        """Forwarded to the session's replica and kept going when it is lost (session_query.py), behind the
+        tenant gate as an Ask is."""
         forward = sessions_pb2.QueryRequest()
         forward.CopyFrom(request)
-        forward.request_id = request_id = request.request_id or f"query-{uuid.uuid4().hex[:12]}"
+        forward.request_id = request.request_id or f"query-{uuid.uuid4().hex[:12]}"
+        async for response in self.gate.serve(context, forward.request_id, self._query(forward, context),
+                                              lambda response: response):
+            yield response
+
+    async def _query(self, forward: sessions_pb2.QueryRequest, context) -> AsyncIterator[sessions_pb2.QueryResponse]:
+        request, request_id = forward, forward.request_id
         record = await self._record(context, request.session_id)
         await record_query(self.store, request_id, request.session_id, request.question, record.replica)
         keeper = QueryKeeper(forward, record, self.store, self.rebuilder)
@@ -208,6 +246,7 @@ class SessionsProxy(sessions_pb2_grpc.SessionsServicer):
                 await record_cancelled(self.store, request_id)
 
     async def Subscribe(self, request, context) -> AsyncIterator[sessions_pb2.SubscribeResponse]:
+        await self.gate.let_in(context)         # a request of its tenant; no slot held while it stays open
         record = await self._record(context, request.session_id)
         forward = sessions_pb2.SubscribeRequest()
         forward.CopyFrom(request)

@@ -6,7 +6,8 @@ It stands where a replica's network front is, so a test can stop an answer at an
 (`arm(tokens)`: the next call that gets that far waits before its next token) without timing,
 then do something to the orchestrator or the replica (kill it), and let the answer go on
 (`release()`). Only the first call that reaches the point is held; later calls pass. `stop()`
-ends the gate like a replica that died: its calls end, its port closes.
+ends the gate like a replica that died: its calls end, its port closes. `calls` lists the Sessions
+calls that came through, with their metadata (the tenant an orchestrator named, ...).
 """
 
 from __future__ import annotations
@@ -63,6 +64,7 @@ class _ForwardSessions(sessions_pb2_grpc.SessionsServicer):
         self.gate = gate
 
     async def _unary(self, name: str, request, context):
+        self.gate.note(name, context)
         try:
             return await getattr(self.gate.sessions, name)(request, timeout=120)
         except grpc.RpcError as exc:
@@ -90,6 +92,7 @@ class _ForwardSessions(sessions_pb2_grpc.SessionsServicer):
         return await self._unary("CloseSession", request, context)
 
     async def Query(self, request, context):
+        self.gate.note("Query", context)
         async for response in self.gate.relay(self.gate.sessions.Query(request), context):
             yield response
 
@@ -114,6 +117,7 @@ class InferenceGate:
         self.hold_at: int | None = None
         self.held = threading.Event()           # set once a call is held
         self.held_peer = ""                     # the held call's caller ("ipv4:127.0.0.1:PORT")
+        self.calls: list[tuple[str, dict[str, str]]] = []   # each Sessions call: its name and metadata
         self.host = LoopThread("inference-gate")
         self.loop, self.thread = self.host.loop, self.host.thread
         self.port = self._run(self._start())
@@ -133,6 +137,10 @@ class InferenceGate:
                                      (sessions_pb2_grpc.add_SessionsServicer_to_server, _ForwardSessions(self))],
                                     [INFERENCE, SESSIONS])
         return await self.runner.start(handle_signals=False)
+
+    def note(self, name: str, context) -> None:
+        self.calls.append((name, {key: value for key, value in context.invocation_metadata() or ()
+                                  if isinstance(value, str)}))
 
     def arm(self, tokens: int) -> None:
         """Hold the next call that has passed `tokens` tokens on, before its next one."""
