@@ -20,8 +20,10 @@ in Redis (resume_claims.py), any other ends ABORTED, "already being resumed". Wh
 heartbeat renews its tenant's slot and its resume's claim every `LEASE_S / RENEWALS_PER_LEASE`, so
 both end within a lease of an orchestrator that died.
 
-The orchestrator is saturated while it has shed a request in the last `SATURATED_S` (`saturated()`;
-the gateway's /health says so as well).
+The orchestrator is saturated while it has shed a request in the last `SATURATED_S`, or while every
+replica it reaches is overloaded (`saturation()`): its metrics say so
+(`streamrag_orchestrator_saturated{reason}`, metrics.py), and `streamrag status` shows it on the
+orchestrator's line, as the gateway's /health does for the gateway.
 """
 
 from __future__ import annotations
@@ -74,6 +76,20 @@ class TenantGate:
 
     def saturated(self) -> bool:
         return self.last_shed is not None and self.clock() - self.last_shed < SATURATED_S
+
+    def saturation(self, router=None) -> dict:
+        """Whether the orchestrator is saturated and why: it shed a request in the last `SATURATED_S`
+        (`shedding`), or every replica `router` reaches is overloaded (`replicas_overloaded`: the router
+        has no replica with room left); and seconds since the last request shed (None: none yet)."""
+        since = None if self.last_shed is None else self.clock() - self.last_shed
+        shedding = since is not None and since < SATURATED_S
+        try:
+            scores = router.scores("") if router is not None else {}
+        except RuntimeError:          # read from the metrics thread while the loop changed the replicas
+            scores = {}
+        overloaded = bool(scores) and all(score.overloaded for score in scores.values())
+        return {"saturated": shedding or overloaded, "shedding": shedding, "replicas_overloaded": overloaded,
+                "last_shed_s_ago": None if since is None else round(since, 1)}
 
     @asynccontextmanager
     async def admitted(self, context: grpc.aio.ServicerContext, request_id: str,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
@@ -38,6 +39,33 @@ class OrchestratorMetrics:
     def watch_store(self, store: Any) -> None:
         """Export the lifecycle store's own counters (read at each scrape)."""
         self.registry.register(_StoreCollector(store))
+
+    def watch_saturation(self, saturation: Callable[[], dict]) -> None:
+        """Export whether the orchestrator is saturated (admission.py's `TenantGate.saturation`, read at each
+        scrape): `streamrag_orchestrator_saturated{reason="shedding"|"replicas_overloaded"}` 0 or 1, and
+        `streamrag_orchestrator_last_shed_seconds_ago` once a request was shed."""
+        self.registry.register(_SaturationCollector(saturation))
+
+
+SATURATED = "streamrag_orchestrator_saturated"
+LAST_SHED = "streamrag_orchestrator_last_shed_seconds_ago"
+
+
+class _SaturationCollector:
+    def __init__(self, saturation: Callable[[], dict]) -> None:
+        self.saturation = saturation
+
+    def collect(self) -> Any:
+        now = self.saturation()
+        saturated = GaugeMetricFamily(SATURATED, "1 while the orchestrator is saturated, by reason: it shed a "
+                                      "request lately (not started within its tenant's max_queue_s), or every "
+                                      "replica is overloaded", labels=["reason"])
+        for reason in ("shedding", "replicas_overloaded"):
+            saturated.add_metric([reason], float(now[reason]))
+        yield saturated
+        if now["last_shed_s_ago"] is not None:
+            yield GaugeMetricFamily(LAST_SHED, "Seconds since the orchestrator last shed a request",
+                                    value=now["last_shed_s_ago"])
 
 
 class _StoreCollector:

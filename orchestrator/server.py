@@ -73,6 +73,7 @@ class OrchestratorService:
         self.limits = TenantLimits(redis_url, self.metrics.registry, lease_s=lease_s) if limited else None
         self.claims = ResumeClaims(redis_url, lease_s)
         self.gate = TenantGate(tenants, self.limits, self.metrics, self.store, claims=self.claims, lease_s=lease_s)
+        self.metrics.watch_saturation(lambda: self.gate.saturation(self.router))   # `streamrag status` reads it
         self.servicer = OrchestratorServicer(self.router, stubs, self.store, self.metrics, self.gate)
         self.directory = SessionDirectory(redis_url, ttl_s=ttl_s)
         self.sessions = SessionsProxy(self.router, self.directory, self.store, self.gate)   # behind the gate too

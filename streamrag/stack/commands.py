@@ -391,7 +391,7 @@ def service_details(service: Service, options: dict, timeout_s: float = 2.0) -> 
     if service.kind == "corpus":
         return f"latency {options['latency']}; {options['corpus_root']}"
     if service.kind == "orchestrator":
-        return f"{options['replicas']} inference replica(s)"
+        return f"{options['replicas']} inference replica(s)" + orchestrator_saturation(service, timeout_s)
     if service.kind == "gateway":
         return f"OpenAI-compatible API at {service.target.removesuffix('/health')}/v1" + gateway_saturation(
             service, options, timeout_s)
@@ -442,6 +442,33 @@ def gateway_saturation(service, options: dict, timeout_s: float) -> str:
         return ""
     return (f"; SATURATED: requests shed (not started within their tenant's max_queue_s), the last "
             f"{health.get('last_shed_s_ago')} s ago")
+
+
+def orchestrator_saturation(service, timeout_s: float) -> str:
+    """"; SATURATED (...)" when the orchestrator's metrics say it is saturated (orchestrator/metrics.py), else ""."""
+    import urllib.request
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from orchestrator.metrics import LAST_SHED, SATURATED
+
+    if len(service.ports) < 2:                 # no metrics port: nothing to read
+        return ""
+    host = service.target.rpartition(":")[0] or "127.0.0.1"
+    try:
+        with urllib.request.urlopen(f"http://{host}:{service.ports[1]}/metrics", timeout=timeout_s) as response:
+            samples = {(s.name, s.labels.get("reason")): s.value
+                       for family in text_string_to_metric_families(response.read().decode())
+                       for s in family.samples if s.name in (SATURATED, LAST_SHED)}
+    except (OSError, ValueError):
+        return ""
+    reasons = []
+    if samples.get((SATURATED, "shedding")):
+        reasons.append(f"requests shed (not started within their tenant's max_queue_s), the last "
+                       f"{samples.get((LAST_SHED, None), 0):.1f} s ago")
+    if samples.get((SATURATED, "replicas_overloaded")):
+        reasons.append("every inference replica is overloaded")
+    return f"; SATURATED: {'; '.join(reasons)}" if reasons else ""
 
 
 # ---------------------------------------------------------------- status and down
