@@ -61,18 +61,28 @@ def _plan(small: bool) -> dict:
                 exact_doc=200, matmul_n=8192, copy_mib=2048)
 
 
+def bench_device(args: argparse.Namespace):
+    """The device a GPU bench runs on: CUDA, or the CPU for its dry run (``--small``); None (said why) else."""
+    import torch
+
+    device = torch.device(args.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        print("error: no CUDA device here; the CPU dry run is --device cpu --small", file=sys.stderr)
+        return None
+    if device.type == "cpu" and not args.small:
+        print("error: on a CPU run the dry run, --device cpu --small", file=sys.stderr)
+        return None
+    return device
+
+
 def run_bench_gpu(args: argparse.Namespace) -> int:
     import torch
 
     from inference_svc.engine.models import random_llama_config
     from load_tests import gpu_measures as m
 
-    device = torch.device(args.device)
-    if device.type == "cuda" and not torch.cuda.is_available():
-        print("error: no CUDA device here; the CPU dry run is --device cpu --small", file=sys.stderr)
-        return 2
-    if device.type == "cpu" and not args.small:
-        print("error: on a CPU run the dry run, --device cpu --small", file=sys.stderr)
+    device = bench_device(args)
+    if device is None:
         return 2
     plan = _plan(args.small)
     if args.concurrency:

@@ -456,14 +456,11 @@ def run_bench_gpu_replay(args: argparse.Namespace) -> int:
 
     if args.make_traces:
         return make_traces(args.trace_dir, args.passages, args.tokenizer, say)
-    import torch
 
-    device = torch.device(args.device)
-    if device.type == "cuda" and not torch.cuda.is_available():
-        print("error: no CUDA device here; the CPU dry run is --device cpu --small", file=sys.stderr)
-        return 2
-    if device.type == "cpu" and not args.small:
-        print("error: on a CPU run the dry run, --device cpu --small", file=sys.stderr)
+    from load_tests.gpu_bench import bench_device
+
+    device = bench_device(args)
+    if device is None:
         return 2
     workloads = [w.strip() for w in args.workloads.split(",") if w.strip()]
     unknown = [w for w in workloads if w not in QPS]
