@@ -5,10 +5,13 @@
    call's initial metadata carries OpenAI's `x-ratelimit-*` values at admission (a tenant with a
    per-minute limit: the gateway sets them on its answer's headers);
 3. its tenant's `max_queue_s` (default 60 s): a request whose answer has not started by then (no
-   token yet: queued, or prefilling behind others) is shed, UNAVAILABLE with `retry-after` in the
-   trailing metadata, its replica call cancelled (which frees its blocks) and its record FAILED; so
-   every request answers or is refused within `max_queue_s`, never left to hang until the client's
-   own timeout. A request whose answer is streaming is never shed.
+   token yet) is shed, UNAVAILABLE with `retry-after` in the trailing metadata, its replica call
+   cancelled (which frees its blocks) and its record FAILED; so every request answers or is refused
+   within `max_queue_s` (plus `PREFILL_GRACE_S`, below), never left to hang until the client's own
+   timeout. A request whose answer is streaming is never shed. One the replica has already scheduled
+   (its prefill has begun: the engine's SCHEDULED event) gets `PREFILL_GRACE_S` more for its first
+   token before it is shed: shedding a prefill half done throws its work away, and under a queue
+   close to `max_queue_s` that waste is what pushes the next requests past it.
 
 `TenantGate.serve` wraps a servicer's response stream in all three, charges the tenant's tokens
 when the answer is done, and counts per tenant: requests by outcome, tokens, first-token times and
@@ -45,6 +48,7 @@ from orchestrator.limits import LEASE_S, Admission, OverLimit, TenantLimits, ref
 from orchestrator.recording import record_failed, record_tenant
 from orchestrator.resume_claims import AlreadyResumed, Claim, ResumeClaims
 from orchestrator.tenancy import BadIdentity, current_identity, identity_of
+from protos import common_pb2
 from protos.metadata import RETRY_AFTER_KEY
 from servicekit.tenants import Tenants
 
@@ -52,6 +56,8 @@ log = logging.getLogger(__name__)
 
 SATURATED_S = 60.0
 RENEWALS_PER_LEASE = 3      # heartbeats of a running request per lease: two may be missed before it ends
+PREFILL_GRACE_S = 4.0         # within the "max_queue_s plus 5 s" a client may wait for an answer or a refusal
+_SCHEDULED = common_pb2.LIFECYCLE_EVENT_KIND_SCHEDULED
 
 
 def shed_retry_after_s(max_queue_s: float) -> int:
@@ -64,14 +70,19 @@ def _started(event) -> bool:
     return event.WhichOneof("kind") in ("token", "done")
 
 
+def _scheduled(event) -> bool:
+    """The replica has scheduled the request: its prefill has begun."""
+    return event.WhichOneof("kind") == "lifecycle" and event.lifecycle.kind == _SCHEDULED
+
+
 class TenantGate:
     """Identity, limits, queue deadline and per-tenant counts for every request the orchestrator serves."""
 
     def __init__(self, tenants: Tenants, limits: TenantLimits | None, metrics, store=None,
                  clock: Callable[[], float] = time.monotonic, claims: ResumeClaims | None = None,
-                 lease_s: float = LEASE_S) -> None:
+                 lease_s: float = LEASE_S, prefill_grace_s: float = PREFILL_GRACE_S) -> None:
         self.tenants, self.limits, self.metrics, self.store, self.clock = tenants, limits, metrics, store, clock
-        self.claims, self.lease_s = claims, lease_s
+        self.claims, self.lease_s, self.prefill_grace_s = claims, lease_s, prefill_grace_s
         self.last_shed: float | None = None
 
     def saturated(self) -> bool:
@@ -194,7 +205,7 @@ class TenantGate:
         async with self.admitted(context, request_id, resumed) as admission, contextlib.aclosing(responses):
             wait_s = admission.tenant.max_queue_s
             deadline = self.clock() + wait_s
-            started = False
+            started = scheduled = False
             while True:
                 try:
                     if started:
@@ -207,6 +218,8 @@ class TenantGate:
                     await self._shed(context, admission, wait_s)
                 event = event_of(response)
                 started = started or _started(event)
+                if not scheduled and _scheduled(event):
+                    scheduled, deadline = True, deadline + self.prefill_grace_s
                 if event.WhichOneof("kind") == "done":
                     stats = event.done.stats
                     self.note_done(admission, stats, getattr(event.done, "ttft_from_question_s", 0.0)

@@ -9,16 +9,22 @@ another's share, and one that asks little is served as soon as it asks:
   decode token when it is generated;
 - a tenant that comes back after idling (no unfinished request at the previous step) is lifted to
   the smallest counter of the tenants that stayed backlogged, so idling earns no credit; when none
-  stayed, the returning tenants start level with each other.
+  stayed, to the level the backlogged tenants had last reached (VTC's counter of the last to leave),
+  and the returning tenants start level with each other. So a tenant seen for the first time (or
+  back after everyone idled) does not start at zero behind one that was served before it, and the
+  one served before does not wait while it catches up.
 
-`FairSharePolicy` wraps a policy (policies.py): decoding requests keep the policy's order, first (a
-decode is one token a step, and VTC lets an admitted request run: a tenant's answer is never held
-behind another tenant's prefill once it streams); every other request (waiting, or prefilling) is
-ordered per tenant by the policy, then by `priority` (a stable sort, lower first), and the tenants'
-queues are merged by counter: the next request is the head of the queue whose counter, with the
-requests already placed before it charged at their pending tokens, is smallest. With one tenant the
-order is the policy's (by priority among the waiting). Eviction takes the order from its end (the
-scheduler's cost model still chooses swap or recompute).
+`FairSharePolicy` wraps a policy (policies.py): admitted requests keep the policy's order, first:
+decoding ones, and those holding KV whose prompt is complete and still prefilling (VTC chooses
+between tenants at admission and lets an admitted request run; a tenant's answer is never held
+behind another tenant's prefill once it streams, and two admitted prefills are not interleaved chunk
+by chunk, which would delay both first tokens to the later one's). Every other request (waiting, or a
+streamed prompt still receiving context, charged chunk by chunk) is ordered per tenant by the policy,
+then by `priority` (a stable sort, lower first), and the tenants' queues are merged by counter: the
+next request is the head of the queue whose counter, with the requests already placed before it
+charged at their pending tokens, is smallest. With one tenant the order is the policy's (by priority
+among the waiting). Eviction takes the order from its end (the scheduler's cost model still chooses
+swap or recompute).
 """
 
 from __future__ import annotations
@@ -55,6 +61,7 @@ class VirtualTokenCounters:
     def __init__(self) -> None:
         self.served: dict[str, float] = {}
         self.backlogged: set[str] = set()
+        self.level = 0.0              # the smallest backlogged counter, as last seen: never goes down
 
     def counter(self, tenant: str) -> float:
         return self.served.get(tenant, 0.0)
@@ -62,10 +69,13 @@ class VirtualTokenCounters:
     def note_backlogged(self, tenants: Iterable[str]) -> None:
         """This step's tenants with unfinished requests; those that were not backlogged before are lifted."""
         now = set(tenants)
+        if self.backlogged:
+            self.level = max(self.level, min(self.counter(t) for t in self.backlogged))
         returning = now - self.backlogged
         if returning:
             stayed = now & self.backlogged
-            floor = min(self.counter(t) for t in stayed) if stayed else max(self.counter(t) for t in returning)
+            floor = (min(self.counter(t) for t in stayed) if stayed
+                     else max(self.level, *(self.counter(t) for t in returning)))
             for tenant in returning:
                 self.served[tenant] = max(self.counter(tenant), floor)
         self.backlogged = now
@@ -76,10 +86,14 @@ class VirtualTokenCounters:
             self.served[tenant] = self.counter(tenant) + tokens / weight
 
 
-def _decoding(request) -> bool:
-    """Past its prompt and generating (a request without `is_decoding`, vLLM's view: holding KV)."""
+def _admitted(request) -> bool:
+    """Decoding, or holding KV with its prompt complete (a request without `is_decoding`, vLLM's view:
+    holding KV)."""
+    running = getattr(request, "state", None) is RequestState.RUNNING
     decoding = getattr(request, "is_decoding", None)
-    return decoding if decoding is not None else getattr(request, "state", None) is RequestState.RUNNING
+    if decoding is None:
+        return running
+    return decoding or (running and getattr(request, "context_complete", True))
 
 
 def pending_cost(request) -> int:
@@ -102,10 +116,10 @@ class FairSharePolicy:
     def order(self, requests: Sequence, ctx: Any) -> list:
         ranked = self.inner.order(requests, ctx)
         self.counters.note_backlogged({request.tenant for request in ranked})
-        running = [r for r in ranked if _decoding(r)]
+        running = [r for r in ranked if _admitted(r)]
         queues: dict[str, list] = {}
         for request in ranked:
-            if not _decoding(request):
+            if not _admitted(request):
                 queues.setdefault(request.tenant, []).append(request)
         for queue in queues.values():
             if any(r.priority for r in queue):

@@ -9,7 +9,7 @@ import pytest
 
 from inference_svc.engine.fair_share import FairSharePolicy, Share, VirtualTokenCounters
 from inference_svc.engine.policies import FCFSPolicy, PolicyContext, make_policy
-from inference_svc.engine.request import Segment
+from inference_svc.engine.request import RequestState, Segment
 from inference_svc.engine.sampler import SamplingParams
 from tests.engine.engine_helpers import capture_plans, fake_engine, run_to_completion
 
@@ -47,6 +47,18 @@ def test_a_tenant_back_from_idle_is_lifted_to_the_smallest_backlogged_counter():
     counters.note_backlogged({"b"})
     counters.note_backlogged({"a", "b"})                 # a returns to b's 1600, never down
     assert counters.counter("a") == 1600.0
+
+
+def test_a_tenant_new_to_an_idle_replica_starts_at_the_level_the_last_ones_reached():
+    counters = VirtualTokenCounters()
+    counters.note_backlogged({"light"})
+    counters.charge("light", 900, 1.0)                   # served alone, then idle
+    counters.note_backlogged(set())
+    counters.note_backlogged({"flood"})                  # a new tenant, alone: not at 0, 900 tokens behind light
+    assert counters.counter("flood") == 900.0
+    counters.charge("flood", 50, 1.0)
+    counters.note_backlogged({"flood", "light"})         # light returns level with the flood's smallest
+    assert counters.counter("light") == 950.0
 
 
 def test_tenants_returning_together_after_everyone_idled_start_level():
@@ -170,15 +182,32 @@ def test_a_flooding_tenant_does_not_hold_the_light_tenants_requests_behind_its_b
         assert len(flood_after) == 8                # plain FCFS: the whole backlog first
 
 
-def test_decoding_requests_keep_their_place_and_the_counters_choose_among_the_rest():
+def test_admitted_requests_keep_their_place_and_the_counters_choose_among_the_rest():
     policy = FairSharePolicy(FCFSPolicy())
     policy.counters.note_backlogged({"flood", "light"})
     policy.counters.charge("flood", 1000, 1.0)             # the flood is far ahead ...
     decoding = [req(f"b-dec{i}", "flood", float(i)) for i in range(2)]
     for r in decoding:
-        r.is_decoding = True                                # ... yet what it decodes is not displaced
-    prefilling = req("b-pre", "flood", 2.5)                 # a prefill, admitted or not, is the counters' choice
-    prefilling.is_decoding = False
-    waiting = [prefilling, req("b-wait", "flood", 3.0), req("a0", "light", 5.0)]
+        r.is_decoding = True                                # ... yet what it decodes is not displaced,
+    prefilling = req("b-pre", "flood", 2.5)                 # nor a complete prompt it is prefilling (holds KV)
+    prefilling.is_decoding, prefilling.state = False, RequestState.RUNNING
+    streamed = req("b-stream", "flood", 2.7)                # a prompt still streaming in: the counters' choice
+    streamed.is_decoding, streamed.state, streamed.context_complete = False, RequestState.RUNNING, False
+    waiting = [prefilling, streamed, req("b-wait", "flood", 3.0), req("a0", "light", 5.0)]
     order = [r.request_id for r in policy.order(decoding + waiting, CTX)]
-    assert order == ["b-dec0", "b-dec1", "a0", "b-pre", "b-wait"]
+    assert order == ["b-dec0", "b-dec1", "b-pre", "a0", "b-wait", "b-stream"]
+
+
+def test_an_admitted_prefill_runs_to_its_end_before_another_tenants_starts():
+    """Prefills are chunked (budget 8): once a request's prefill has started, another tenant's request does not
+    take turns with it chunk by chunk (which would put both first tokens at the later one's)."""
+    engine = fair_engine(budget=8, max_running=1)
+    open_for(engine, "b0", Share("flood"), "a flooding prompt of some thirty tokens or so, long enough " * 2)
+    engine.step()                                            # b0's first chunk: its prefill has started
+    open_for(engine, "a0", Share("light"), "a light prompt of about twenty tokens, give or take a few ")
+    plans = capture_plans(engine)
+    run_to_completion(engine)
+    prefilled = [chunk.request.request_id for plan in plans for chunk in plan.chunks
+                 if chunk.start < chunk.request.num_prompt_tokens]
+    assert prefilled.count("b0") >= 2 and prefilled.count("a0") >= 2        # both took several chunks ...
+    assert prefilled == sorted(prefilled, key=lambda rid: rid != "b0")     # ... b0's all before a0's
