@@ -77,9 +77,10 @@ FIGURES = [
                       "--raw", "{tmp}/disagg-raw.json"),
            ("rows", "idle", "targets", "workload")),
     Figure("fairness", ("--duration", "5", "--flood-users", "2", "--think-s", "0.5", "--prompt-tokens", "32",
-                        "--max-tokens", "2", "--max-queue-s", "10", "--seeds", "0"),
+                        "--max-tokens", "2", "--max-queue-s", "10", "--seeds", "0", "--overload", "--overload-s", "3",
+                        "--overload-queue-s", "2", "--fleet", "--fleet-s", "5", "--fleet-rpm", "6"),
            ("light_ttft_p95_solo_s", "light_ttft_p95_fcfs_s", "light_ttft_p95_fair_s", "throughput_fair_over_fcfs",
-            "share_error", "rejected", "hung")),
+            "tokens_per_step_fair_over_fcfs", "share_error", "rejected", "hung", "overload", "fleet_limit_rate_error")),
     Figure("embed", ("--passages", "20", "--queries", "4", "--runs", "1", "--batch", "8", "--options", "torch-fp32"),
            ("machine", "options", "passages"), slow=True),
 ]
