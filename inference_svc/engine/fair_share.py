@@ -9,7 +9,9 @@ another's share, and one that asks little is served as soon as it asks:
   decode token when it is generated;
 - a tenant that comes back after idling (no unfinished request at the previous step) is lifted to
   the smallest counter of the tenants that stayed backlogged, so idling earns no credit; when none
-  stayed, the returning tenants start level with each other.
+  stayed, the returning tenants start level with each other. An idle session's state (an INGEST-class
+  request with nothing to compute: it never finishes) keeps no tenant backlogged, so a session open
+  for hours earns its tenant no credit either.
 
 `FairSharePolicy` wraps a policy (policies.py): decoding requests keep the policy's order, first (a
 decode is one token a step, and VTC lets an admitted request run: a tenant's answer is never held
@@ -29,7 +31,7 @@ from dataclasses import dataclass
 from operator import attrgetter
 from typing import Any
 
-from inference_svc.engine.request import RequestState
+from inference_svc.engine.request import RequestState, SchedClass
 
 _priority = attrgetter("priority")
 
@@ -82,12 +84,21 @@ def _decoding(request) -> bool:
     return decoding if decoding is not None else getattr(request, "state", None) is RequestState.RUNNING
 
 
-def pending_cost(request) -> int:
-    """The tokens a request would be charged if served now (at least 1: a decode)."""
+def _pending(request) -> int:
     pending = getattr(request, "num_schedulable_tokens", None)
     if pending is None:
         pending = getattr(request, "num_pending_tokens", 1)
-    return max(int(pending), 1)
+    return int(pending)
+
+
+def pending_cost(request) -> int:
+    """The tokens a request would be charged if served now (at least 1: a decode)."""
+    return max(_pending(request), 1)
+
+
+def keeps_backlog(request) -> bool:
+    """An unfinished request keeps its tenant backlogged, but an idle session's state does not (see above)."""
+    return getattr(request, "sched_class", None) is not SchedClass.INGEST or _pending(request) > 0
 
 
 class FairSharePolicy:
@@ -101,7 +112,7 @@ class FairSharePolicy:
 
     def order(self, requests: Sequence, ctx: Any) -> list:
         ranked = self.inner.order(requests, ctx)
-        self.counters.note_backlogged({request.tenant for request in ranked})
+        self.counters.note_backlogged({request.tenant for request in ranked if keeps_backlog(request)})
         running = [r for r in ranked if _decoding(r)]
         queues: dict[str, list] = {}
         for request in ranked:
