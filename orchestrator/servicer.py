@@ -21,7 +21,7 @@ from orchestrator.lifecycle_store import StoreUnavailable, to_proto
 from orchestrator.metrics import OrchestratorMetrics
 from orchestrator.recording import abort_failed
 from orchestrator.router import NoReplicaAvailable
-from orchestrator.tenancy import reader_scope
+from orchestrator.tenancy import may_read, reader_scope
 from protos import orchestrator_pb2, orchestrator_pb2_grpc
 from servicekit.tenants import Tenants
 
@@ -95,7 +95,7 @@ class OrchestratorServicer(orchestrator_pb2_grpc.OrchestratorServicer):
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "request_id must not be empty")
         scope = reader_scope(context.invocation_metadata(), self.gate.tenants)
         stored = await self._read(context, self.store.get(request.request_id))
-        if stored is None or (scope is not None and stored.extra.get("tenant", "") != scope):
+        if stored is None or not may_read(scope, stored.extra.get("tenant", "")):
             await context.abort(grpc.StatusCode.NOT_FOUND, f"no request {request.request_id!r}")
         return orchestrator_pb2.GetRequestResponse(record=to_proto(stored))
 

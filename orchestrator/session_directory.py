@@ -2,8 +2,9 @@
 itself stays stateless: any orchestrator process can serve any session).
 
 Per session, keys that expire `ttl_s` after their last write:
-- `streamrag:session:<id>`: hash with replica, instructions, retention_tokens,
-  created_unix_ms, updated_unix_ms, data_version;
+- `streamrag:session:<id>`: hash with replica, tenant (the tenant that created it: only its keys, an
+  admin tenant's and the operator's reach it; absent on sessions created before tenants: ""),
+  instructions, retention_tokens, created_unix_ms, updated_unix_ms, data_version;
 - `streamrag:session:<id>:batches`: list, one JSON array of segment texts per ingest batch,
   oldest first, at most `max_batches` (the data a replica can be rebuilt from);
 - `streamrag:session:<id>:flash`: hash, registered question -> max_tokens.
@@ -47,6 +48,7 @@ class SessionRecord:
     instructions: str
     retention_tokens: int
     data_version: int
+    tenant: str = ""               # who owns it (orchestrator/tenancy.py); "" before tenants, or none
 
 
 class SessionDirectory:
@@ -77,8 +79,9 @@ class SessionDirectory:
                 log.info("session directory: Redis at %s unreachable (%s); trying again", self.url, exc)
             await asyncio.sleep(RETRY_S)
 
-    async def create(self, session_id: str, replica: str, instructions: str, retention_tokens: int) -> bool:
-        """Record a new session; False if the id is taken."""
+    async def create(self, session_id: str, replica: str, instructions: str, retention_tokens: int,
+                     tenant: str = "") -> bool:
+        """Record a new session of `tenant`; False if the id is taken."""
         key = session_key(session_id)
         now = str(now_ms())
 
@@ -87,7 +90,7 @@ class SessionDirectory:
                 return False
             async with r.pipeline(transaction=True) as pipe:
                 pipe.delete(key, f"{key}:batches", f"{key}:flash")
-                pipe.hset(key, mapping={"replica": replica, "instructions": instructions,
+                pipe.hset(key, mapping={"replica": replica, "tenant": tenant, "instructions": instructions,
                                         "retention_tokens": str(retention_tokens), "data_version": "0",
                                         "created_unix_ms": now, "updated_unix_ms": now})
                 pipe.expire(key, self.ttl_s)
@@ -101,7 +104,8 @@ class SessionDirectory:
         if not fields:
             return None
         return SessionRecord(session_id, fields.get("replica", ""), fields.get("instructions", ""),
-                             int(fields.get("retention_tokens", 0)), int(fields.get("data_version", 0)))
+                             int(fields.get("retention_tokens", 0)), int(fields.get("data_version", 0)),
+                             fields.get("tenant", ""))
 
     async def ids(self) -> list[str]:
         return sorted(await self._do(lambda r: r.smembers(SESSIONS_KEY)))

@@ -20,6 +20,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Callable
+from functools import partial
 
 import grpc
 
@@ -28,7 +29,9 @@ from orchestrator.lifecycle_store import LifecycleStore
 from orchestrator.recording import record_session
 from orchestrator.router import NoReplicaAvailable, ReplicaRouter
 from orchestrator.session_directory import SessionDirectory, SessionRecord
+from orchestrator.tenancy import CallIdentity, current_identity, owner_identity
 from protos import common_pb2, sessions_pb2, sessions_pb2_grpc
+from servicekit.tenants import Tenants
 
 log = logging.getLogger(__name__)
 
@@ -45,11 +48,14 @@ class ReplicaLost(Exception):
 
 class SessionRebuilder:
     def __init__(self, router: ReplicaRouter, directory: SessionDirectory, store: LifecycleStore,
-                 stub: Callable[[str], sessions_pb2_grpc.SessionsStub]) -> None:
+                 stub: Callable[[str], sessions_pb2_grpc.SessionsStub],
+                 owner: Callable[[str, CallIdentity | None], CallIdentity] | None = None) -> None:
         self.router = router
         self.directory = directory
         self.store = store
         self.stub = stub                              # the Sessions stub of a replica address
+        # the identity a rebuild's replica calls carry: the session's tenant's (tenancy.owner_identity)
+        self.owner = owner or partial(owner_identity, Tenants())
         self._rebuilding: dict[str, asyncio.Lock] = {}
         self._orphans: dict[str, set[str]] = {}       # session -> replicas holding an old copy of it
         self._cleanups: set[asyncio.Task] = set()
@@ -63,57 +69,65 @@ class SessionRebuilder:
                 raise ReplicaLost(f"session {record.session_id!r} was closed")
             if current.replica != record.replica:      # another call rebuilt it meanwhile
                 return current
-            if replica_lost(cause.code()):
-                self.router.mark_failed(record.replica, f"session call failed: {cause.details()}")
-            try:   # another replica first; with none, the first that is (back) within the wait (failures.py)
-                replica = self.router.choose(f"session:{record.session_id}",
-                                             exclude={record.replica} if replica_lost(cause.code()) else set())
-            except NoReplicaAvailable:
-                replica = None
-            try:
-                replica = replica or await self.router.choose_ready(f"session:{record.session_id}",
-                                                                    wait_s=peer_wait_s(None))
-            except NoReplicaAvailable as exc:
-                raise ReplicaLost(f"session {record.session_id!r}: its replica {record.replica} is lost "
-                                  f"({cause.details()}) and no replica can take it over: {exc}") from exc
-            stub = self.stub(replica.address)
-            if replica.address in self._orphans.get(record.session_id, ()):   # back, with an old copy
-                await self._close_orphan_now(record.session_id, replica.address)
-            batches = await self.directory.batches(record.session_id)
-            try:
-                await stub.CreateSession(sessions_pb2.CreateSessionRequest(
-                    session_id=record.session_id, instructions=record.instructions,
-                    retention_tokens=record.retention_tokens), timeout=RPC_TIMEOUT_S)
-                version = 0
-                if batches:
-                    version = (await stub.Ingest(iter([
-                        sessions_pb2.IngestRequest(session_id=record.session_id,
-                                                   segments=[common_pb2.Segment(text=t) for t in batch])
-                        for batch in batches]), timeout=RPC_TIMEOUT_S)).data_version
-                for question, max_tokens in (await self.directory.flash(record.session_id)).items():
-                    await stub.RegisterFlashQuery(sessions_pb2.RegisterFlashQueryRequest(
-                        session_id=record.session_id, question=question, max_tokens=max_tokens),
-                        timeout=RPC_TIMEOUT_S)
-            except grpc.RpcError as exc:
-                if replica_lost(exc.code()):
-                    self.router.mark_failed(replica.address, f"session rebuild failed: {exc.details()}")
-                with contextlib.suppress(grpc.RpcError):   # leave nothing half-built behind
-                    await stub.CloseSession(sessions_pb2.CloseSessionRequest(session_id=record.session_id),
-                                            timeout=10)
-                raise ReplicaLost(f"session {record.session_id!r}: its replica {record.replica} is lost "
-                                  f"({cause.details()}); rebuilding it on {replica.address} failed: "
-                                  f"{exc.details()}") from exc
-            await self.directory.set_replica(record.session_id, replica.address)
-            await record_session(self.store, record.session_id, "REBUILT", lost=record.replica,
-                                 replica=replica.address, batches=len(batches), cause=cause.details())
-            log.warning("session %s rebuilt on %s (%d batches) after %s: %s", record.session_id, replica.address,
-                        len(batches), record.replica, cause.details())
-            self._orphans.setdefault(record.session_id, set()).add(record.replica)
-            task = asyncio.get_running_loop().create_task(self._close_orphan(record.session_id, record.replica))
-            self._cleanups.add(task)
-            task.add_done_callback(self._cleanups.discard)
-            return SessionRecord(record.session_id, replica.address, record.instructions, record.retention_tokens,
-                                 version)
+            owner = current_identity.set(self.owner(current.tenant, current_identity.get()))
+            try:                                       # the replica calls are the owner's (its fair share)
+                return await self._rebuild(record, current, cause)
+            finally:
+                current_identity.reset(owner)
+
+    async def _rebuild(self, record: SessionRecord, current: SessionRecord, cause: grpc.RpcError) -> SessionRecord:
+        """The rebuild itself (`rebuild` holds the session's lock and the owner's identity)."""
+        if replica_lost(cause.code()):
+            self.router.mark_failed(record.replica, f"session call failed: {cause.details()}")
+        try:   # another replica first; with none, the first that is (back) within the wait (failures.py)
+            replica = self.router.choose(f"session:{record.session_id}",
+                                         exclude={record.replica} if replica_lost(cause.code()) else set())
+        except NoReplicaAvailable:
+            replica = None
+        try:
+            replica = replica or await self.router.choose_ready(f"session:{record.session_id}",
+                                                                wait_s=peer_wait_s(None))
+        except NoReplicaAvailable as exc:
+            raise ReplicaLost(f"session {record.session_id!r}: its replica {record.replica} is lost "
+                              f"({cause.details()}) and no replica can take it over: {exc}") from exc
+        stub = self.stub(replica.address)
+        if replica.address in self._orphans.get(record.session_id, ()):   # back, with an old copy
+            await self._close_orphan_now(record.session_id, replica.address)
+        batches = await self.directory.batches(record.session_id)
+        try:
+            await stub.CreateSession(sessions_pb2.CreateSessionRequest(
+                session_id=record.session_id, instructions=record.instructions,
+                retention_tokens=record.retention_tokens), timeout=RPC_TIMEOUT_S)
+            version = 0
+            if batches:
+                version = (await stub.Ingest(iter([
+                    sessions_pb2.IngestRequest(session_id=record.session_id,
+                                               segments=[common_pb2.Segment(text=t) for t in batch])
+                    for batch in batches]), timeout=RPC_TIMEOUT_S)).data_version
+            for question, max_tokens in (await self.directory.flash(record.session_id)).items():
+                await stub.RegisterFlashQuery(sessions_pb2.RegisterFlashQueryRequest(
+                    session_id=record.session_id, question=question, max_tokens=max_tokens),
+                    timeout=RPC_TIMEOUT_S)
+        except grpc.RpcError as exc:
+            if replica_lost(exc.code()):
+                self.router.mark_failed(replica.address, f"session rebuild failed: {exc.details()}")
+            with contextlib.suppress(grpc.RpcError):   # leave nothing half-built behind
+                await stub.CloseSession(sessions_pb2.CloseSessionRequest(session_id=record.session_id),
+                                        timeout=10)
+            raise ReplicaLost(f"session {record.session_id!r}: its replica {record.replica} is lost "
+                              f"({cause.details()}); rebuilding it on {replica.address} failed: "
+                              f"{exc.details()}") from exc
+        await self.directory.set_replica(record.session_id, replica.address)
+        await record_session(self.store, record.session_id, "REBUILT", lost=record.replica,
+                             replica=replica.address, batches=len(batches), cause=cause.details())
+        log.warning("session %s rebuilt on %s (%d batches) after %s: %s", record.session_id, replica.address,
+                    len(batches), record.replica, cause.details())
+        self._orphans.setdefault(record.session_id, set()).add(record.replica)
+        task = asyncio.get_running_loop().create_task(self._close_orphan(record.session_id, record.replica))
+        self._cleanups.add(task)
+        task.add_done_callback(self._cleanups.discard)
+        return SessionRecord(record.session_id, replica.address, record.instructions, record.retention_tokens,
+                             version, current.tenant)
 
     async def _close_orphan(self, session_id: str, address: str) -> None:
         """In the background, after a rebuild: close the copy of the session left on `address` once

@@ -14,6 +14,11 @@ and carries on. With no replica left, the call ends UNAVAILABLE and says which r
 
 The rebuild, and the closing of the copy it leaves behind: session_rebuild.py.
 
+A session is the tenant's that created it (its directory entry records the tenant): another tenant's key
+gets NOT_FOUND on it, as for an id that does not exist, and ListSessions lists the caller's tenant's
+sessions alone; an admin tenant and the operator reach every session (tenancy.py's `may_read`, the rule
+request records follow). A rebuild keeps the tenant, and its calls to the new replica are the owner's.
+
 Every call passes the tenant gate like an Ask (admission.py): the caller's key names its tenant, whose
 limits hold (a call takes one of its requests, and a slot while it runs), and the tenant and priority go
 with every call to the replica. A Query is gated as an Ask is: its tokens are charged to the tenant,
@@ -53,6 +58,7 @@ from orchestrator.router import NoReplicaAvailable, ReplicaRouter
 from orchestrator.session_directory import SessionDirectory, SessionRecord
 from orchestrator.session_query import QueryKeeper
 from orchestrator.session_rebuild import RPC_TIMEOUT_S, ReplicaLost, SessionRebuilder
+from orchestrator.tenancy import current_identity, may_read, owner_identity, reader_scope
 from protos import sessions_pb2, sessions_pb2_grpc
 from protos.metadata import INGEST_AFTER_KEY
 from servicekit.tenants import Tenants
@@ -90,7 +96,8 @@ class SessionsProxy(sessions_pb2_grpc.SessionsServicer):
         self.store = store
         self.gate = gate or TenantGate(Tenants(), None, OrchestratorMetrics())   # tenants and limits (admission.py)
         self._stubs: dict[str, sessions_pb2_grpc.SessionsStub] = {}
-        self.rebuilder = SessionRebuilder(router, directory, store, self.stub)   # session_rebuild.py
+        self.rebuilder = SessionRebuilder(router, directory, store, self.stub,   # session_rebuild.py
+                                          functools.partial(owner_identity, self.gate.tenants))
 
     def stub(self, address: str) -> sessions_pb2_grpc.SessionsStub:
         if address not in self._stubs:
@@ -106,8 +113,10 @@ class SessionsProxy(sessions_pb2_grpc.SessionsServicer):
                                                      wait_s=peer_wait_s(context.time_remaining()))
         except NoReplicaAvailable as exc:
             await context.abort(grpc.StatusCode.UNAVAILABLE, str(exc))
+        caller = current_identity.get()             # set by the gate: the session is its tenant's
+        owner = caller.tenant.name if caller is not None else ""
         if not await self._directory(context, self.directory.create(
-                session_id, replica.address, request.instructions, request.retention_tokens)):
+                session_id, replica.address, request.instructions, request.retention_tokens, owner)):
             await context.abort(grpc.StatusCode.ALREADY_EXISTS, f"session {session_id!r} already exists")
         create = sessions_pb2.CreateSessionRequest(session_id=session_id, instructions=request.instructions,
                                                    retention_tokens=request.retention_tokens)
@@ -188,7 +197,9 @@ class SessionsProxy(sessions_pb2_grpc.SessionsServicer):
     @gated
     async def ListSessions(self, request, context) -> sessions_pb2.ListSessionsResponse:
         ids = await self._directory(context, self.directory.ids())
-        records = [r for r in await asyncio.gather(*(self.directory.get(i) for i in ids)) if r is not None]
+        scope = reader_scope(context.invocation_metadata(), self.gate.tenants)
+        records = [r for r in await self._directory(context, asyncio.gather(*(self.directory.get(i) for i in ids)))
+                   if r is not None and may_read(scope, r.tenant)]      # the caller's tenant's alone
 
         async def describe(record: SessionRecord) -> sessions_pb2.SessionInfo:
             try:
@@ -309,8 +320,11 @@ class SessionsProxy(sessions_pb2_grpc.SessionsServicer):
     async def _record(self, context, session_id: str) -> SessionRecord:
         if not session_id:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "session_id must not be empty")
+        """The session's directory entry; NOT_FOUND when there is none, or when it is another tenant's the
+        caller may not reach (the same answer: ids do not leak; tenancy.py's rule, as for request records)."""
         record = await self._directory(context, self.directory.get(session_id))
-        if record is None:
+        if record is None or not may_read(reader_scope(context.invocation_metadata(), self.gate.tenants),
+                                          record.tenant):
             await context.abort(grpc.StatusCode.NOT_FOUND, f"no session {session_id!r}")
         return record
 

@@ -6,9 +6,11 @@ stack's own key (the gateway) may name the tenant it acts for (`protos.metadata.
 priority is `PRIORITY_KEY` (an integer; lower runs sooner), 0 when absent; anything else is the
 caller's error (`BadIdentity`).
 
-Who may read which request records (GetRequest, ListRequests): `reader_scope`. A tenant's key reads
-its tenant's records only; an `admin` tenant's key, the stack's own key in a call naming no tenant
-(the operator: `streamrag requests`), or any call on a service with no keys, reads every tenant's.
+Who may read which request records (GetRequest, ListRequests) and reach which sessions (every Sessions
+call): `reader_scope` and `may_read`, the one rule for both. A tenant's key reads its tenant's records
+and sessions only; an `admin` tenant's key, the stack's own key in a call naming no tenant (the
+operator: `streamrag requests`, `streamrag session`), or any call on a service with no keys, reads
+every tenant's. What another tenant owns answers as if it did not exist (ids do not leak).
 
 `current_identity` holds the identity of the request being served (a context variable: the tasks an
 Ask starts inherit it), and `identity_interceptors` add it to every call on the replica channels, so
@@ -75,6 +77,19 @@ def reader_scope(metadata, tenants: Tenants) -> str | None:
     if tenant.own and TENANT_KEY not in found:
         return None
     return tenant.name
+
+
+def may_read(scope: str | None, owner: str) -> bool:
+    """Whether a caller of `scope` (`reader_scope`) may read what tenant `owner` owns ("": no tenant's,
+    as records and sessions from before tenants are)."""
+    return scope is None or owner == scope
+
+
+def owner_identity(tenants: Tenants, owner: str, caller: CallIdentity | None) -> CallIdentity:
+    """The identity of calls made for tenant `owner`'s sake (a session's rebuild, whoever's call found its
+    replica lost): the owner's tenant as the tenants file has it, at the caller's priority."""
+    tenant = tenants.named(owner) or (NO_TENANT if not owner else Tenant(owner))
+    return CallIdentity(tenant, caller.priority if caller is not None else 0)
 
 
 class _WithIdentity:

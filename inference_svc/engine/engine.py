@@ -25,6 +25,7 @@ import torch
 from inference_svc.engine.chunk_store import keyed_spans
 from inference_svc.engine.cost_model import CostModel
 from inference_svc.engine.events import EngineEvent, EventKind
+from inference_svc.engine.fair_share import NO_SHARE, Share
 from inference_svc.engine.kv_manager import KVCacheManager
 from inference_svc.engine.model_runner import ChunkInput
 from inference_svc.engine.options import (
@@ -184,7 +185,8 @@ class Engine:
     # --- caller input ---------------------------------------------------------------
     def open(self, request_id: str, segments: Sequence[Segment], sampling: SamplingParams,
              priority: int = 0, arrived_at: float | None = None,
-             sched_class: SchedClass = SchedClass.INTERACTIVE) -> Request:
+             sched_class: SchedClass = SchedClass.INTERACTIVE, share: Share = NO_SHARE) -> Request:
+        """A new request (`share`: the tenant it is served for, ranked and charged by fair share)."""
         if not request_id:
             raise EngineInputError("request id must not be empty")
         if request_id in self.requests:
@@ -194,7 +196,8 @@ class Engine:
         except ValueError as exc:
             raise EngineInputError(str(exc)) from exc
         now = self.clock() if arrived_at is None else arrived_at
-        request = Request(request_id, sampling, now, priority, sched_class, head_segments=list(segments))
+        request = Request(request_id, sampling, now, priority, sched_class, tenant=share.tenant,
+                          tenant_weight=share.weight, head_segments=list(segments))
         request.stats.kv_reuse = sampling.kv_reuse or self.config.kv_reuse
         request.blend_recompute = (self.config.blend_recompute if sampling.blend_recompute is None
                                    else sampling.blend_recompute)
@@ -209,16 +212,17 @@ class Engine:
 
     def fork(self, request_id: str, parent_id: str, num_tokens: int, suffix: Sequence[Segment],
              sampling: SamplingParams, sched_class: SchedClass = SchedClass.INTERACTIVE,
-             track_confidence: bool = False) -> Request:
+             track_confidence: bool = False, share: Share = NO_SHARE, priority: int = 0) -> Request:
         """A complete request whose prompt is the parent's first `num_tokens` prompt tokens and then
         `suffix`, sharing the parent's KV of those tokens copy-on-write (a session query: it computes
-        only what the parent has not). Decoding starts as soon as it is scheduled."""
+        only what the parent has not). Decoding starts as soon as it is scheduled. `share` and `priority`:
+        as for `open` (a fork's own, not its parent's)."""
         parent = self.requests.get(parent_id)
         if parent is None or parent.is_finished:
             raise UnknownRequestError(f"fork: no request {parent_id!r}")
         if not 0 <= num_tokens <= parent.num_prompt_tokens:
             raise EngineInputError(f"fork: {num_tokens} tokens is outside the parent's prompt")
-        request = self.open(request_id, (), sampling, sched_class=sched_class)
+        request = self.open(request_id, (), sampling, priority, sched_class=sched_class, share=share)
         request.track_confidence = track_confidence
         try:
             head = parent.prompt_token_ids[:num_tokens]

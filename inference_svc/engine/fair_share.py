@@ -12,7 +12,9 @@ another's share, and one that asks little is served as soon as it asks:
   stayed, to the level the backlogged tenants had last reached (VTC's counter of the last to leave),
   and the returning tenants start level with each other. So a tenant seen for the first time (or
   back after everyone idled) does not start at zero behind one that was served before it, and the
-  one served before does not wait while it catches up.
+  one served before does not wait while it catches up. An idle session's state (an INGEST-class
+  request with nothing to compute: it never finishes) keeps no tenant backlogged, so a session open
+  for hours earns its tenant no credit either.
 
 `FairSharePolicy` wraps a policy (policies.py): admitted requests keep the policy's order, first:
 decoding ones, and those holding KV whose prompt is complete and still prefilling (VTC chooses
@@ -35,7 +37,7 @@ from dataclasses import dataclass
 from operator import attrgetter
 from typing import Any
 
-from inference_svc.engine.request import RequestState
+from inference_svc.engine.request import RequestState, SchedClass
 
 _priority = attrgetter("priority")
 
@@ -96,12 +98,21 @@ def _admitted(request) -> bool:
     return decoding or (running and getattr(request, "context_complete", True))
 
 
-def pending_cost(request) -> int:
-    """The tokens a request would be charged if served now (at least 1: a decode)."""
+def _pending(request) -> int:
     pending = getattr(request, "num_schedulable_tokens", None)
     if pending is None:
         pending = getattr(request, "num_pending_tokens", 1)
-    return max(int(pending), 1)
+    return int(pending)
+
+
+def pending_cost(request) -> int:
+    """The tokens a request would be charged if served now (at least 1: a decode)."""
+    return max(_pending(request), 1)
+
+
+def keeps_backlog(request) -> bool:
+    """An unfinished request keeps its tenant backlogged, but an idle session's state does not (see above)."""
+    return getattr(request, "sched_class", None) is not SchedClass.INGEST or _pending(request) > 0
 
 
 class FairSharePolicy:
@@ -115,7 +126,7 @@ class FairSharePolicy:
 
     def order(self, requests: Sequence, ctx: Any) -> list:
         ranked = self.inner.order(requests, ctx)
-        self.counters.note_backlogged({request.tenant for request in ranked})
+        self.counters.note_backlogged({request.tenant for request in ranked if keeps_backlog(request)})
         running = [r for r in ranked if _admitted(r)]
         queues: dict[str, list] = {}
         for request in ranked:

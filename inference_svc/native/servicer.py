@@ -40,8 +40,7 @@ class NativeServicer(StreamServicerBase):
         share = CURRENT_SHARE.get()              # the call's tenant (rpc/tenancy.py), read on this loop
 
         def start(engine: Engine) -> None:
-            request = engine.open(request_id, segments, sampling, priority, arrived_at=arrived)
-            request.tenant, request.tenant_weight = share.tenant, share.weight   # before any step ranks it
+            engine.open(request_id, segments, sampling, priority, arrived_at=arrived, share=share)
             if complete:   # in the same command: no step sees the prompt as partial
                 try:
                     engine.finish(request_id, arrived_at=arrived)

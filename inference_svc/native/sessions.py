@@ -29,6 +29,12 @@ answer for the version the query would see is answered from that cache without t
 `flash_answer` may be called from any thread; everything else runs on the engine thread, with
 `observe` after every step and command.
 
+Fair share (engine/fair_share.py): a session is its creator's tenant's (the `Share` given to `create`).
+Its state requests (ingestion, a retention rebuild) and its Flash evaluations are charged to that tenant
+and ranked among its requests; a query is charged to the tenant that asks it (its `Share`), like any
+Generate. So a tenant's session work counts against its share, and a flood of another tenant's
+queries or ingestion does not hold its queries back.
+
 The manager is the Sessions service's logic, not engine: it drives the engine through its public
 calls (open, append, fork, abort) and owns no KV (the scheduler owns every block, a session's too).
 The errors it raises are in `rpc.errors`, beside their statuses.
@@ -45,6 +51,7 @@ from dataclasses import dataclass, field
 
 from inference_svc.engine.engine import Engine, EngineInputError
 from inference_svc.engine.events import EngineEvent, EventKind
+from inference_svc.engine.fair_share import NO_SHARE, Share
 from inference_svc.engine.request import FinishReason, RequestState, SchedClass, Segment
 from inference_svc.engine.sampler import SamplingParams
 from inference_svc.options import DEFAULT_MAX_SESSIONS
@@ -188,6 +195,7 @@ class Session:
     rebuild: _State | None = None
     flash: dict[str, _Flash] = field(default_factory=dict)     # normalized question -> entry
     queries: set[str] = field(default_factory=set)
+    share: Share = NO_SHARE                 # its tenant: its state and Flash requests are charged to it
     ingested_at: dict[int, float] = field(default_factory=dict)  # version -> when (for eval_ms)
     serial: int = 0
 
@@ -247,7 +255,9 @@ class SessionManager:
         return answer if answer.data_version == visible else None
 
     # --- engine thread: calls -------------------------------------------------------------
-    def create(self, session_id: str, instructions: str, retention_tokens: int = 0) -> SessionInfo:
+    def create(self, session_id: str, instructions: str, retention_tokens: int = 0,
+               share: Share = NO_SHARE) -> SessionInfo:
+        """A new session of `share`'s tenant (see the module doc)."""
         if session_id in self.sessions:
             raise SessionExists(f"session {session_id!r} already exists")
         if len(self.sessions) >= self.max_sessions:
@@ -269,9 +279,10 @@ class SessionManager:
             raise SessionLimit(f"no room: the open sessions reserve {reserved} of the {capacity} tokens the KV "
                                f"pools hold; this one needs {head_tokens + retention}")
         state = _State(f"session:{session_id}:state:0")
-        request = self.engine.open(state.request_id, [head], _STATE_SAMPLING, sched_class=SchedClass.INGEST)
+        request = self.engine.open(state.request_id, [head], _STATE_SAMPLING, sched_class=SchedClass.INGEST,
+                                   share=share)
         state.hold(0, request.num_prompt_tokens)
-        session = Session(session_id, instructions, retention, head, head_tokens, state)
+        session = Session(session_id, instructions, retention, head, head_tokens, state, share=share)
         self.sessions[session_id] = session
         return self.describe(session_id)
 
@@ -309,9 +320,10 @@ class SessionManager:
         return session.version
 
     def query(self, session_id: str, question: str, sampling: SamplingParams, request_id: str,
-              min_version: int = 0) -> QueryPlan:
+              min_version: int = 0, share: Share = NO_SHARE, priority: int = 0) -> QueryPlan:
         """Answer from the latest prefilled data version, or from version `min_version` or newer
-        (then the query also computes the data not prefilled yet)."""
+        (then the query also computes the data not prefilled yet). `share`: the asking tenant's;
+        `priority`: its place among that tenant's requests (lower sooner)."""
         session = self._get(session_id)
         if not question.strip():
             raise SessionError("the question is empty")
@@ -322,7 +334,7 @@ class SessionManager:
             return QueryPlan(flash.data_version, flash=flash)
         state, version, context = session.visible(self.engine.requests, min_version)
         child = self.engine.fork(request_id, state.request_id, context, [self.fmt.query(question)], sampling,
-                                 track_confidence=sampling.greedy)
+                                 track_confidence=sampling.greedy, share=share, priority=priority)
         session.queries.add(request_id)
         self._owners[request_id] = (session, "query")
         return QueryPlan(version, request_id, context_tokens=context, shared_tokens=child.num_computed_tokens)
@@ -416,7 +428,8 @@ class SessionManager:
             self.engine.abort(session.rebuild.request_id)
         request_id = session.next_id("state")
         segments = [session.head, *(entry.segment for entry in session.window)]
-        request = self.engine.open(request_id, segments, _STATE_SAMPLING, sched_class=SchedClass.INGEST)
+        request = self.engine.open(request_id, segments, _STATE_SAMPLING, sched_class=SchedClass.INGEST,
+                                   share=session.share)
         session.rebuild = _State(request_id, ready_tokens=request.num_prompt_tokens)
         session.rebuild.hold(session.version, request.num_prompt_tokens)
 
@@ -440,7 +453,7 @@ class SessionManager:
             try:
                 self.engine.fork(request_id, state.request_id, parent.num_prompt_tokens,
                                  [self.fmt.query(entry.question)], sampling, SchedClass.BACKGROUND,
-                                 track_confidence=True)
+                                 track_confidence=True, share=session.share)
             except EngineInputError as exc:      # e.g. the question no longer fits beside the data
                 log.warning("session %s: Flash Query %r not evaluated: %s", session.session_id, entry.question, exc)
                 continue

@@ -6,6 +6,10 @@ two exceptions keep latency off the engine thread:
 - Subscribe streams the events the manager pushes through `notify` (called on the engine thread,
   handed to each subscriber's queue on the event loop).
 
+Each call's tenant comes from its metadata, as an Inference call's does (rpc/tenancy.py's `share_of`; a
+malformed one: INVALID_ARGUMENT): CreateSession makes the session that tenant's, and a Query is charged
+to the tenant that asks it, so the engine's fair share ranks session work with every other request.
+
 A query's answer streams like an Inference request's (its events come from the engine thread);
 the client leaving aborts the query, and CloseSession ends running queries with ABORTED.
 """
@@ -21,6 +25,7 @@ from collections.abc import AsyncIterator
 import grpc
 
 from inference_svc.engine.events import EngineEvent, EventKind
+from inference_svc.engine.fair_share import Share
 from inference_svc.engine.request import FinishReason
 from inference_svc.native.engine_thread import EngineThread
 from inference_svc.native.sessions import (
@@ -41,6 +46,7 @@ from inference_svc.rpc.convert import (
 from inference_svc.rpc.errors import status_for
 from inference_svc.rpc.metrics import InferenceMetrics
 from inference_svc.rpc.summary import RequestSummary
+from inference_svc.rpc.tenancy import share_of
 from protos import common_pb2, sessions_pb2, sessions_pb2_grpc
 
 FLASH_FINISH = common_pb2.FINISH_REASON_STOP
@@ -96,7 +102,9 @@ class SessionsServicer(sessions_pb2_grpc.SessionsServicer):
     async def CreateSession(self, request, context) -> sessions_pb2.CreateSessionResponse:
         session_id = request.session_id or uuid.uuid4().hex[:12]
         await self._check_id(context, session_id)
-        info = await self._run(context, lambda m: m.create(session_id, request.instructions, request.retention_tokens))
+        share, _ = await self._share(context)
+        info = await self._run(context, lambda m: m.create(session_id, request.instructions, request.retention_tokens,
+                                                           share))
         return sessions_pb2.CreateSessionResponse(session=info_to_proto(info))
 
     async def Ingest(self, request_iterator, context) -> sessions_pb2.IngestResponse:
@@ -157,11 +165,12 @@ class SessionsServicer(sessions_pb2_grpc.SessionsServicer):
             sampling = sampling_from_proto(request.sampling, request.HasField("sampling"))
         except Exception as exc:
             await abort_for(context, exc)
+        share, priority = await self._share(context)
         events = self.thread.subscribe(request_id)
         finished = False
         try:
             plan = await self._run(context, lambda m: m.query(session_id, request.question, sampling, request_id,
-                                                              request.min_data_version))
+                                                              request.min_data_version, share, priority))
             if plan.flash is not None:
                 for message in self._flash_reply(plan.flash, arrived):
                     yield message
@@ -244,6 +253,15 @@ class SessionsServicer(sessions_pb2_grpc.SessionsServicer):
     def _deliver(self, session_id: str, event: SessionEvent) -> None:
         for queue in self._watchers.get(session_id, ()):
             queue.put_nowait(event)
+
+    @staticmethod
+    async def _share(context) -> tuple[Share, int]:
+        """The call's tenant and weight, and its priority (0 when it names none)."""
+        try:
+            share, priority = share_of(context.invocation_metadata())
+            return share, priority or 0
+        except BadRequest as exc:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
 
     @staticmethod
     async def _check_id(context, value: str) -> None:

@@ -102,8 +102,10 @@ def test_session_calls_are_their_tenants_requests_limited_recorded_and_named_to_
         next(iter(stub.Subscribe(sessions_pb2.SubscribeRequest(session_id=session_id), timeout=60, metadata=key)))
     assert raised.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
 
-    # another tenant's calls are unaffected
+    # another tenant's calls are unaffected (its own session; this one is not its to reach)
     free = bearer_metadata("free-key")
-    described = stub.DescribeSession(sessions_pb2.DescribeSessionRequest(session_id=session_id), timeout=60,
+    other = stub.CreateSession(sessions_pb2.CreateSessionRequest(instructions="Answer briefly."), timeout=120,
+                               metadata=free).session.session_id
+    described = stub.DescribeSession(sessions_pb2.DescribeSessionRequest(session_id=other), timeout=60,
                                      metadata=free)
-    assert described.session.session_id == session_id
+    assert described.session.session_id == other
