@@ -89,13 +89,16 @@ class VirtualTokenCounters:
 
 
 def _admitted(request) -> bool:
-    """Decoding, or holding KV with its prompt complete (a request without `is_decoding`, vLLM's view:
-    holding KV)."""
+    """Decoding, or holding KV with its prompt complete and chosen for a step before (a request without
+    `is_decoding`, vLLM's view: holding KV). A session's query holds KV from the moment it is forked,
+    before any step chose it: it is not admitted until one does, so it waits its tenant's turn."""
     running = getattr(request, "state", None) is RequestState.RUNNING
     decoding = getattr(request, "is_decoding", None)
     if decoding is None:
         return running
-    return decoding or (running and getattr(request, "context_complete", True))
+    stats = getattr(request, "stats", None)
+    chosen = stats is None or stats.first_scheduled_time is not None
+    return decoding or (running and getattr(request, "context_complete", True) and chosen)
 
 
 def _pending(request) -> int:
