@@ -28,16 +28,14 @@ import pytest
 
 from orchestrator.lifecycle_store import request_key
 from protos import orchestrator_pb2, orchestrator_pb2_grpc
-from retriever_svc.replay.backend import ReplayBackend
 from retriever_svc.replay.trace import Trace, TraceChunk, TraceDocument, TraceQuery
 from servicekit.ask_resume import ResumableAsk
 from servicekit.channels import open_channel, spread_options, spread_target
 from servicekit.redis_url import redis_client
-from tests.support.inference import RunningInference
+from tests.support.gated_world import gated_world
 from tests.support.inference_gate import InferenceGate
 from tests.support.orchestrator import OrchestratorProcess
 from tests.support.redis_sentinel import SentinelSet
-from tests.support.retrievers import RunningRetriever
 
 QUESTION = "How do I read a text file in Python?"
 USERS = 3
@@ -148,19 +146,12 @@ def lost_records(url: str, outcomes: list[Outcome]) -> list[str]:
 @pytest.mark.slow            # a few minutes (`bash scripts/test.sh --run-slow`)
 @pytest.mark.timeout(1500)
 def test_asks_and_their_records_survive_the_redis_primary_killed_mid_soak(embedded_model_dir, tmp_path: Path):
-    parts: list = []
-    try:
-        redis_set = SentinelSet(tmp_path / "redis")
-        parts.append(redis_set)
-        retriever = RunningRetriever(ReplayBackend(TRACE, name="files"), "replay")
-        parts.append(retriever)
-        replica = RunningInference(embedded_model_dir, kv_device_blocks=128, token_budget=256)
-        parts.append(replica)
-        gate = InferenceGate(replica.address)
-        parts.append(gate)
-        orchestrators = [OrchestratorProcess(redis_set.url, [gate.address], anns=retriever.address,
-                                             log_path=tmp_path / f"orchestrator-{i}.log") for i in range(2)]
-        parts.extend(orchestrators)
+    sentinels = lambda root: SentinelSet(root / "redis")   # noqa: E731
+    with gated_world(embedded_model_dir, tmp_path, trace=TRACE, redis=sentinels) as w:
+        redis_set, gate = w.redis, w.gate
+        orchestrators = [w.parts.add(OrchestratorProcess(redis_set.url, [gate.address], anns=w.retriever.address,
+                                                         log_path=tmp_path / f"orchestrator-{i}.log"))
+                         for i in range(2)]
         targets = ",".join(o.address for o in orchestrators)
 
         # Phase 1: the primary dies mid-soak.
@@ -207,6 +198,3 @@ def test_asks_and_their_records_survive_the_redis_primary_killed_mid_soak(embedd
         assert share >= 0.995, [(o.request_id, o.error) for o in failed]
         assert lost == [], lost[:10]
         assert held.answer and held.resumes >= 1, held        # resumed on the other orchestrator
-    finally:
-        for part in reversed(parts):
-            part.stop()

@@ -18,10 +18,8 @@ from protos import common_pb2, orchestrator_pb2, orchestrator_pb2_grpc, sessions
 from protos.metadata import TENANT_KEY
 from servicekit.auth import bearer_metadata
 from servicekit.tenants import parse_tenants
-from tests.support.inference import RunningInference
-from tests.support.inference_gate import InferenceGate
+from tests.support.gated_world import gated_world
 from tests.support.orchestrator import RunningOrchestrator
-from tests.support.redis_server import PrivateRedis
 
 STACK_KEY = "sk-sessions-stack-own"
 RPM = 4
@@ -37,20 +35,10 @@ keys = ["free-key"]
 
 @pytest.fixture
 def world(embedded_model_dir, tmp_path):
-    parts: list = []
-    try:
-        parts.append(PrivateRedis(tmp_path))
-        replica = RunningInference(embedded_model_dir, kv_device_blocks=128, token_budget=256)
-        parts.append(replica)
-        gate = InferenceGate(replica.address)
-        parts.append(gate)
-        orchestrator = RunningOrchestrator(parts[0].url, [gate.address],
-                                           tenants=parse_tenants(TENANTS, own_keys=[STACK_KEY]))
-        parts.append(orchestrator)
-        yield gate, orchestrator
-    finally:
-        for part in reversed(parts):
-            part.stop()
+    with gated_world(embedded_model_dir, tmp_path) as w:
+        orchestrator = w.parts.add(RunningOrchestrator(w.redis.url, [w.gate.address],
+                                                       tenants=parse_tenants(TENANTS, own_keys=[STACK_KEY])))
+        yield w.gate, orchestrator
 
 
 def test_session_calls_are_their_tenants_requests_limited_recorded_and_named_to_the_replica(world):

@@ -20,7 +20,6 @@ import redis
 from orchestrator.limits import PREFIX
 from orchestrator.resume_claims import PREFIX as CLAIM_PREFIX
 from protos import orchestrator_pb2
-from retriever_svc.replay.backend import ReplayBackend
 from tests.e2e.test_tenant_limits_resume import (
     HANG_S,
     KEY,
@@ -31,11 +30,9 @@ from tests.e2e.test_tenant_limits_resume import (
     in_thread,
     tokens_of,
 )
-from tests.support.inference import RunningInference
+from tests.support.gated_world import gated_world
 from tests.support.inference_gate import InferenceGate
 from tests.support.orchestrator import OrchestratorProcess
-from tests.support.redis_server import PrivateRedis
-from tests.support.retrievers import RunningRetriever
 
 LEASE_S = 6.0           # short for the test (the default is 30 s): renewed every 2 s
 TENANT = "solo"
@@ -50,18 +47,9 @@ STACK_KEY = "sk-leases-stack-own"
 @pytest.fixture(scope="module")
 def backends(embedded_model_dir, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("leases")
-    parts: list = []
-    try:
-        parts.append(PrivateRedis(tmp))
-        parts.append(RunningRetriever(ReplayBackend(TRACE, name="files"), "replay"))
-        replica = RunningInference(embedded_model_dir, kv_device_blocks=128, token_budget=256)
-        parts.append(replica)
-        parts.append(InferenceGate(replica.address))
+    with gated_world(embedded_model_dir, tmp, trace=TRACE) as w:
         (tmp / "tenants.toml").write_text(TENANTS)
-        yield parts[0], parts[1], parts[3], tmp / "tenants.toml"
-    finally:
-        for part in reversed(parts):
-            part.stop()
+        yield w.redis, w.retriever, w.gate, tmp / "tenants.toml"
 
 
 @pytest.fixture

@@ -19,14 +19,11 @@ import redis
 
 from orchestrator.limits import PREFIX
 from protos import orchestrator_pb2, orchestrator_pb2_grpc
-from retriever_svc.replay.backend import ReplayBackend
 from retriever_svc.replay.trace import Trace, TraceChunk, TraceDocument, TraceQuery
 from servicekit.auth import bearer_metadata
-from tests.support.inference import RunningInference
+from tests.support.gated_world import gated_world
 from tests.support.inference_gate import InferenceGate
 from tests.support.orchestrator import OrchestratorProcess
-from tests.support.redis_server import PrivateRedis
-from tests.support.retrievers import RunningRetriever
 
 HANG_S = 300          # a guard against a hang, not a timing bound
 KILL_AFTER = 3
@@ -52,27 +49,13 @@ TRACE = Trace((TraceQuery("files", QUESTION, "anns", "synthesized", (
 
 @pytest.fixture
 def world(embedded_model_dir, tmp_path):
-    parts: list = []
-    try:
-        parts.append(PrivateRedis(tmp_path))
-        retriever = RunningRetriever(ReplayBackend(TRACE, name="files"), "replay")
-        parts.append(retriever)
-        replica = RunningInference(embedded_model_dir, kv_device_blocks=128, token_budget=256)
-        parts.append(replica)
-        gate = InferenceGate(replica.address)
-        parts.append(gate)
+    with gated_world(embedded_model_dir, tmp_path, trace=TRACE) as w:
         (tmp_path / "tenants.toml").write_text(TENANTS)
-        orchestrators = []
-        for i in range(2):
-            orchestrators.append(OrchestratorProcess(
-                parts[0].url, [gate.address], anns=retriever.address, log_path=tmp_path / f"orchestrator-{i}.log",
-                args=("--tenants", str(tmp_path / "tenants.toml"), "--tenant-lease", "600"),   # outlives the test
-                env={"STREAMRAG_API_KEY": STACK_KEY}))
-            parts.append(orchestrators[-1])
-        yield parts[0], gate, orchestrators
-    finally:
-        for part in reversed(parts):
-            part.stop()
+        orchestrators = [w.parts.add(OrchestratorProcess(
+            w.redis.url, [w.gate.address], anns=w.retriever.address, log_path=tmp_path / f"orchestrator-{i}.log",
+            args=("--tenants", str(tmp_path / "tenants.toml"), "--tenant-lease", "600"),   # outlives the test
+            env={"STREAMRAG_API_KEY": STACK_KEY})) for i in range(2)]
+        yield w.redis, w.gate, orchestrators
 
 
 def ask_request(request_id: str, resume: orchestrator_pb2.AskResume | None = None) -> orchestrator_pb2.AskRequest:

@@ -20,9 +20,9 @@ from protos import common_pb2, inference_pb2, inference_pb2_grpc
 from servicekit.auth import bearer_metadata
 from streamrag.stack.commands import service_details
 from streamrag.stack.plan import Service
+from tests.support.gated_world import gated_world
 from tests.support.inference import RunningInference
 from tests.support.inference_calls import finish_msg, open_msg
-from tests.support.inference_gate import InferenceGate
 from tests.support.orchestrator import OrchestratorProcess
 from tests.support.redis_server import PrivateRedis, free_port
 
@@ -35,24 +35,14 @@ max_queue_s = 1
 
 @pytest.fixture
 def world(embedded_model_dir, tmp_path):
-    parts: list = []
-    try:
-        parts.append(PrivateRedis(tmp_path))
-        replica = RunningInference(embedded_model_dir, kv_device_blocks=128, token_budget=256)
-        parts.append(replica)
-        gate = InferenceGate(replica.address)
-        parts.append(gate)
+    with gated_world(embedded_model_dir, tmp_path) as w:
         (tmp_path / "tenants.toml").write_text(TENANTS)
         metrics_port = free_port()
-        orchestrator = OrchestratorProcess(parts[0].url, [gate.address], log_path=tmp_path / "orchestrator.log",
-                                           args=("--tenants", str(tmp_path / "tenants.toml"),
-                                                 "--metrics-port", str(metrics_port)))
-        parts.append(orchestrator)
-        yield gate, orchestrator, Service("orchestrator", "orchestrator", orchestrator.address, None,
-                                          ports=[orchestrator.port, metrics_port])
-    finally:
-        for part in reversed(parts):
-            part.stop()
+        orchestrator = w.parts.add(OrchestratorProcess(
+            w.redis.url, [w.gate.address], log_path=tmp_path / "orchestrator.log",
+            args=("--tenants", str(tmp_path / "tenants.toml"), "--metrics-port", str(metrics_port))))
+        yield w.gate, orchestrator, Service("orchestrator", "orchestrator", orchestrator.address, None,
+                                            ports=[orchestrator.port, metrics_port])
 
 
 def saturated(service: Service) -> dict[str, float]:
