@@ -272,7 +272,9 @@ class Round:
 
 async def run_round(stack: Stack, address: str, users: list[tuple[str, float]], args: argparse.Namespace,
                     seed: str, duration: float) -> Round:
-    """`users`: (tenant, think time) each, for `duration` seconds."""
+    """`users`: (tenant, think time) each, for `duration` seconds. `seed` names the phase: each phase's
+    prompts are its own, so none is served from the prefix cache a phase before it filled (a tenant would
+    be served tokens its counter was never charged for, and the shares would not be the scheduler's)."""
     asks: list[Ask] = []
     before = await engine_counters(stack.replica.address)
     async with grpc.aio.insecure_channel(address) as channel:
@@ -498,14 +500,15 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         for seed in args.seeds:
             out = per_seed[seed]
             say(f"seed {seed}: solo (1 user, {args.duration:g} s)")
-            out["solo"] = summarize([asyncio.run(run_round(fair_stack, fair_address, light, args, str(seed),
+            out["solo"] = summarize([asyncio.run(run_round(fair_stack, fair_address, light, args, f"{seed}-solo",
                                                            args.duration))], args.max_queue_s)
             out.update(loaded_rounds(stacks, light + flood, args, seed))
             for name, pair in SHARES.items():
                 users = [(t, 0.0) for t, _ in pair] * args.flood_users
                 say(f"seed {seed}: share {name} ({len(users)} users, {args.duration:g} s)")
                 out[f"share {name}"] = summarize([asyncio.run(run_round(fair_stack, fair_address, users, args,
-                                                                        str(seed), args.duration))], args.max_queue_s)
+                                                                        f"{seed}-share {name}", args.duration))],
+                                                 args.max_queue_s)
         if args.overload:
             capacity = min(s["fair"]["answers_per_s"] for s in per_seed.values())
             rate = args.overload_x * capacity
