@@ -16,17 +16,17 @@ another's share, and one that asks little is served as soon as it asks:
   request with nothing to compute: it never finishes) keeps no tenant backlogged, so a session open
   for hours earns its tenant no credit either.
 
-`FairSharePolicy` wraps a policy (policies.py): admitted requests keep the policy's order, first:
-decoding ones, and those holding KV whose prompt is complete and still prefilling (VTC chooses
-between tenants at admission and lets an admitted request run; a tenant's answer is never held
-behind another tenant's prefill once it streams, and two admitted prefills are not interleaved chunk
-by chunk, which would delay both first tokens to the later one's). Every other request (waiting, or a
-streamed prompt still receiving context, charged chunk by chunk) is ordered per tenant by the policy,
-then by `priority` (a stable sort, lower first), and the tenants' queues are merged by counter: the
-next request is the head of the queue whose counter, with the requests already placed before it
-charged at their pending tokens, is smallest. With one tenant the order is the policy's (by priority
-among the waiting). Eviction takes the order from its end (the scheduler's cost model still chooses
-swap or recompute).
+`FairSharePolicy` wraps a policy (policies.py): decoding requests keep the policy's order, first (a
+decode is one token a step, and VTC lets an admitted request run: a tenant's answer is never held
+behind another tenant's prefill once it streams). Every other request is ordered per tenant: the
+tenant's prefills already begun first (its own prefills are not interleaved chunk by chunk, which
+would put their first tokens at the later one's), then the rest by the policy, then by `priority` (a
+stable sort, lower first); and the tenants' queues are merged by counter, each step: the next request
+is the head of the queue whose counter, with the requests already placed before it charged at their
+pending tokens, is smallest. So a light tenant's new request goes before a flood's prefills in
+progress, and the two take turns only while their counters are level. With one tenant the order is
+the policy's (by priority among the waiting). Eviction takes the order from its end (the scheduler's
+cost model still chooses swap or recompute).
 """
 
 from __future__ import annotations
@@ -88,17 +88,18 @@ class VirtualTokenCounters:
             self.served[tenant] = self.counter(tenant) + tokens / weight
 
 
-def _admitted(request) -> bool:
-    """Decoding, or holding KV with its prompt complete and chosen for a step before (a request without
-    `is_decoding`, vLLM's view: holding KV). A session's query holds KV from the moment it is forked,
-    before any step chose it: it is not admitted until one does, so it waits its tenant's turn."""
-    running = getattr(request, "state", None) is RequestState.RUNNING
+def _decoding(request) -> bool:
+    """Past its prompt and generating (a request without `is_decoding`, vLLM's view: holding KV)."""
     decoding = getattr(request, "is_decoding", None)
-    if decoding is None:
-        return running
+    return decoding if decoding is not None else getattr(request, "state", None) is RequestState.RUNNING
+
+
+def _prefill_begun(request) -> bool:
+    """Holding KV, its prompt complete, and chosen for a step before (a session's query holds KV from its
+    fork on, before any step chose it)."""
     stats = getattr(request, "stats", None)
-    chosen = stats is None or stats.first_scheduled_time is not None
-    return decoding or (running and getattr(request, "context_complete", True) and chosen)
+    return (getattr(request, "state", None) is RequestState.RUNNING and getattr(request, "context_complete", True)
+            and (stats is None or stats.first_scheduled_time is not None))
 
 
 def _pending(request) -> int:
@@ -130,14 +131,17 @@ class FairSharePolicy:
     def order(self, requests: Sequence, ctx: Any) -> list:
         ranked = self.inner.order(requests, ctx)
         self.counters.note_backlogged({request.tenant for request in ranked if keeps_backlog(request)})
-        running = [r for r in ranked if _admitted(r)]
+        running = [r for r in ranked if _decoding(r)]
         queues: dict[str, list] = {}
         for request in ranked:
-            if not _admitted(request):
+            if not _decoding(request):
                 queues.setdefault(request.tenant, []).append(request)
-        for queue in queues.values():
-            if any(r.priority for r in queue):
-                queue.sort(key=_priority)           # stable: the policy's order among equals
+        for tenant, queue in queues.items():
+            begun = [r for r in queue if _prefill_begun(r)]
+            rest = [r for r in queue if not _prefill_begun(r)]
+            if any(r.priority for r in rest):
+                rest.sort(key=_priority)            # stable: the policy's order among equals
+            queues[tenant] = begun + rest
         if len(queues) <= 1:
             return running + next(iter(queues.values()), [])
         heap = [(self.counters.counter(tenant), position, tenant) for position, tenant in enumerate(queues)]

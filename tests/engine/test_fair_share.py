@@ -182,32 +182,39 @@ def test_a_flooding_tenant_does_not_hold_the_light_tenants_requests_behind_its_b
         assert len(flood_after) == 8                # plain FCFS: the whole backlog first
 
 
-def test_admitted_requests_keep_their_place_and_the_counters_choose_among_the_rest():
+def test_decoding_requests_keep_their_place_and_the_counters_choose_among_the_rest():
     policy = FairSharePolicy(FCFSPolicy())
     policy.counters.note_backlogged({"flood", "light"})
     policy.counters.charge("flood", 1000, 1.0)             # the flood is far ahead ...
     decoding = [req(f"b-dec{i}", "flood", float(i)) for i in range(2)]
     for r in decoding:
-        r.is_decoding = True                                # ... yet what it decodes is not displaced,
-    prefilling = req("b-pre", "flood", 2.5)                 # nor a complete prompt it is prefilling (holds KV)
+        r.is_decoding = True                                # ... yet what it decodes is not displaced
+    prefilling = req("b-pre", "flood", 2.5)                 # a complete prompt it is prefilling (holds KV) ...
     prefilling.is_decoding, prefilling.state = False, RequestState.RUNNING
-    streamed = req("b-stream", "flood", 2.7)                # a prompt still streaming in: the counters' choice
+    streamed = req("b-stream", "flood", 2.7)                # a prompt still streaming in: not begun
     streamed.is_decoding, streamed.state, streamed.context_complete = False, RequestState.RUNNING, False
-    waiting = [prefilling, streamed, req("b-wait", "flood", 3.0), req("a0", "light", 5.0)]
+    waiting = [req("b-early", "flood", 2.0), prefilling, streamed, req("b-wait", "flood", 3.0),
+               req("a0", "light", 5.0)]
     order = [r.request_id for r in policy.order(decoding + waiting, CTX)]
-    assert order == ["b-dec0", "b-dec1", "b-pre", "a0", "b-wait", "b-stream"]
+    # ... goes first among the flood's own (before b-early, which arrived sooner), not before the light tenant
+    assert order == ["b-dec0", "b-dec1", "a0", "b-pre", "b-early", "b-wait", "b-stream"]
 
 
-def test_an_admitted_prefill_runs_to_its_end_before_another_tenants_starts():
-    """Prefills are chunked (budget 8): once a request's prefill has started, another tenant's request does not
-    take turns with it chunk by chunk (which would put both first tokens at the later one's)."""
-    engine = fair_engine(budget=8, max_running=1)
+def test_a_light_tenants_new_request_does_not_wait_for_a_flood_prefill_in_progress():
+    """Prefills are chunked (budget 8): a light tenant's request that arrives while the flood's prefill is
+    under way starts before that prefill ends (the counters choose each step); the flood's own requests
+    do not take turns with its prefill in progress."""
+    engine = fair_engine(budget=8, max_running=3)
     open_for(engine, "b0", Share("flood"), "a flooding prompt of some thirty tokens or so, long enough " * 2)
     engine.step()                                            # b0's first chunk: its prefill has started
+    open_for(engine, "b1", Share("flood"), "another flooding prompt, about as long as the first one " * 2)
     open_for(engine, "a0", Share("light"), "a light prompt of about twenty tokens, give or take a few ")
     plans = capture_plans(engine)
     run_to_completion(engine)
     prefilled = [chunk.request.request_id for plan in plans for chunk in plan.chunks
                  if chunk.start < chunk.request.num_prompt_tokens]
-    assert prefilled.count("b0") >= 2 and prefilled.count("a0") >= 2        # both took several chunks ...
-    assert prefilled == sorted(prefilled, key=lambda rid: rid != "b0")     # ... b0's all before a0's
+    assert prefilled.count("b0") >= 2 and prefilled.count("a0") >= 2        # several chunks each
+    last = {rid: max(i for i, r in enumerate(prefilled) if r == rid) for rid in ("a0", "b0", "b1")}
+    first = {rid: prefilled.index(rid) for rid in ("a0", "b0", "b1")}
+    assert first["a0"] < last["b0"]                          # the light request did not wait for b0's end
+    assert first["b1"] > last["b0"]                          # b1 did not interleave with its tenant's b0
