@@ -288,32 +288,32 @@ def fairness(s: dict[str, Node]) -> list[str]:
         + f". Share error (the largest "
         f"relative gap between a tenant's share of the served tokens and its weight's): {shares['1:1']:.3f} at 1:1, "
         f"{shares['3:1']:.3f} at 3:1. Refused: {', '.join(f'{k} {v}' for k, v in rejected.items()) or 'none'}; "
-        f"asks that hung (neither a first token nor an error within max_queue_s + 5 s): {f['hung']['median']}.", "",
-        *fairness_overload(f), *fairness_fleet(f),
+        f"asks that hung (neither a first token nor an error within max_queue_s + 5 s): {f['hung']['median']}."
+        + fairness_overload(f) + fairness_fleet(f), "",
         *targets(f),
     ]
 
 
-def fairness_overload(f: Node) -> list[str]:
+def fairness_overload(f: Node) -> str:
     o = f.get("overload")
     if o is None:
-        return []
+        return ""
     to_503 = o["time_to_503_s"].value
     statuses = ", ".join(f"{k} {v}" for k, v in o["by_status"].value.items())
     times = o["rate_asks_per_s"].number() / o["capacity_asks_per_s"].number()
-    return [f"Overload: {o['rate_asks_per_s']:.2f} asks/s, {times:.1f}x what the stack answered in the fair rounds, "
+    return (f" Overload: {o['rate_asks_per_s']:.2f} asks/s, {times:.1f}x what the stack answered in the fair rounds, "
             f"through a gateway with the `openai` client (streamed "
             f"completions, max_queue_s {o['max_queue_s']:g} s): {o['asks']} asks, {statuses}; refusals without "
             f"Retry-After: {o['refused_without_retry_after']}; hung: {o['hung']}"
             + (f"; seconds to a 503: p50 {to_503['p50']}, p95 {to_503['p95']}, max {to_503['max']}" if to_503 else "")
-            + ".", ""]
+            + ".")
 
 
-def fairness_fleet(f: Node) -> list[str]:
+def fairness_fleet(f: Node) -> str:
     fl = f.get("fleet")
     if fl is None:
-        return []
-    return [f"One limit across two gateways and two orchestrators: {fl['requests_per_minute']} requests a minute, "
+        return ""
+    return (f" One limit across two gateways and two orchestrators: {fl['requests_per_minute']} requests a minute, "
             f"hammered for {fl['seconds']:g} s: {fl['admitted']} admitted, {fl['refused_429']} refused 429; past the "
             f"bucket's first fill, {fl['admitted_per_minute_past_first_fill']:g} a minute "
-            f"(error {fl['fleet_limit_rate_error'].number():.1%}).", ""]
+            f"(error {fl['fleet_limit_rate_error'].number():.1%}).")

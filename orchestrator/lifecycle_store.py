@@ -52,16 +52,13 @@ from orchestrator.lifecycle_records import (
     request_key,
     to_proto,
 )
-from orchestrator.lifecycle_writes import Write, encode_field, store_batch
+from orchestrator.lifecycle_writes import ReplicaAcks, Write, WriteProgress, encode_field, store_batch
 from servicekit.redis_url import parse_redis_url, redis_client
 
 __all__ = ["RECENT_KEY", "REDIS_GAP", "REDIS_UNREACHABLE", "LifecycleStore", "StoreUnavailable", "StoredEvent",
            "StoredRequest", "events_key", "lifecycle_kind_name", "now_ms", "request_key", "to_proto"]
 
 log = logging.getLogger(__name__)
-
-TERMINAL_STATES = frozenset({"FINISHED", "FAILED", "CANCELLED"})
-REPLICA_WAIT_MS = 1000  # how long a batch with a terminal write waits for a replica's ack (half timeout_s at most)
 
 REDIS_UNREACHABLE = (RedisConnectionError, RedisTimeoutError, OSError)
 _BATCH_MAX = 500  # writes per pipeline
@@ -88,12 +85,7 @@ class LifecycleStore:
         self.timeout_s = timeout_s
         self.dropped = 0
         self.write_errors = 0
-        # Over a Sentinel set, a batch holding a terminal state is followed by `WAIT 1`: once a replica
-        # acked, the record outlives the primary. No ack within REPLICA_WAIT_MS: logged and counted in
-        # `unreplicated` (terminal writes on the primary alone); the answer is never held for it.
-        self.wait_replicas = 1 if parse_redis_url(url).replicated else 0
-        self.unreplicated = 0
-        self._unacked = False
+        self._acks = ReplicaAcks(1 if parse_redis_url(url).replicated else 0, timeout_s)
         self._redis: redis.Redis | None = None
         self._writer: asyncio.Task[None] | None = None
         self._queue: deque[Write] = deque()
@@ -102,11 +94,7 @@ class LifecycleStore:
         self._retry_now = asyncio.Event()
         self._idle = asyncio.Event()
         self._idle.set()
-        # Writes are stored (or dropped) in the order they were queued, so two counts say whether all
-        # the writes queued before a given moment are done (`confirm`), however busy the queue stays.
-        self._queued_total = 0
-        self._done_total = 0
-        self._progress = asyncio.Condition()
+        self._progress = WriteProgress()
         self._failures = 0  # consecutive failed write attempts
         self._gap_since: int | None = None  # when writes started waiting or getting dropped
         self._gap: dict[str, int] = {}  # request id -> its writes dropped since `_gap_since`
@@ -155,16 +143,8 @@ class LifecycleStore:
     async def confirm(self, timeout_s: float) -> bool:
         """Wait until the writes queued so far (not later ones) are stored; False on timeout (they stay
         queued, and are retried as usual)."""
-        target = self._queued_total
-        if self._done_total >= target:
-            return True
         self._retry_now.set()
-        try:
-            async with self._progress:
-                await asyncio.wait_for(self._progress.wait_for(lambda: self._done_total >= target), timeout_s)
-        except TimeoutError:
-            return False
-        return True
+        return await self._progress.reached(self._progress.queued, timeout_s)
 
     @property
     def pending(self) -> int:
@@ -281,7 +261,7 @@ class LifecycleStore:
         if self._failures:
             self._note_gap(write.request_id, 0)
         self._queue.append(write)
-        self._queued_total += 1
+        self._progress.queued += 1
         self._trim()
         self._idle.clear()
         self._wakeup.set()
@@ -291,7 +271,7 @@ class LifecycleStore:
         while len(self._queue) > self.buffer_max:
             lost = self._queue.popleft()
             self.dropped += 1
-            self._done_total += 1
+            self._progress.done += 1
             self._note_gap(lost.request_id, 1)
 
     def _note_gap(self, request_id: str, dropped: int) -> None:
@@ -317,30 +297,26 @@ class LifecycleStore:
             except Exception:  # a bug or a refused batch must not stop the writer
                 log.exception("lifecycle store: dropping %d writes", len(self._inflight))
                 self.write_errors += len(self._inflight)
-            self._done_total += len(self._inflight)
+            await self._progress.finish(len(self._inflight))
             self._inflight = []
-            async with self._progress:
-                self._progress.notify_all()
             self._on_written()
 
     async def _write(self, batch: list[Write]) -> None:
-        terminal = sum(w.hash_fields.get("state") in TERMINAL_STATES for w in batch) if self.wait_replicas else 0
-        wait = (self.wait_replicas, min(REPLICA_WAIT_MS, int(self.timeout_s * 500))) if terminal else None
-        refused, acked = await store_batch(self._client(), batch, self.ttl_s, self.recent_max, wait=wait)
+        terminal = self._acks.terminal_writes(batch)
+        refused, acked = await store_batch(self._client(), batch, self.ttl_s, self.recent_max,
+                                           wait=self._acks.wait(terminal))
         self.write_errors += refused
-        if terminal:
-            self._check_replicated(acked, terminal)
+        self._acks.note(acked, terminal)
 
-    def _check_replicated(self, acked: object, terminal: int) -> None:
-        replicated = isinstance(acked, int) and acked >= self.wait_replicas
-        if not replicated:
-            self.unreplicated += terminal
-            if not self._unacked:
-                log.warning("lifecycle store: no replica acknowledged terminal writes within %d ms (WAIT: %s); "
-                            "they are on the primary only until one does", REPLICA_WAIT_MS, acked)
-        elif self._unacked:
-            log.info("lifecycle store: a replica acknowledges terminal writes again")
-        self._unacked = not replicated
+    @property
+    def wait_replicas(self) -> int:
+        """Replicas a terminal write waits for (1 over a Sentinel set, else 0)."""
+        return self._acks.replicas
+
+    @property
+    def unreplicated(self) -> int:
+        """Terminal writes no replica acknowledged in time (on the primary alone)."""
+        return self._acks.unreplicated
 
     def _on_unreachable(self, exc: Exception) -> None:
         for write in self._inflight:

@@ -4,6 +4,7 @@ The queue, its bound and the retries around it: lifecycle_store.py."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 from dataclasses import dataclass
@@ -100,3 +101,64 @@ async def store_batch(client: redis.Redis, batch: list[Write], ttl_s: int, recen
             pipe.xadd(events_key(write.request_id), write.entry, id="*")
         await pipe.execute(raise_on_error=False)
     return refused, acked
+
+
+class WriteProgress:
+    """Writes are stored (or dropped) in the order they were queued, so two counts say whether all the
+    writes queued before a given moment are done, however busy the queue stays (`LifecycleStore.confirm`)."""
+
+    def __init__(self) -> None:
+        self.queued = 0
+        self.done = 0
+        self._changed = asyncio.Condition()
+
+    async def finish(self, writes: int) -> None:
+        self.done += writes
+        async with self._changed:
+            self._changed.notify_all()
+
+    async def reached(self, target: int, timeout_s: float) -> bool:
+        """Wait until `target` writes are done; False on timeout."""
+        if self.done >= target:
+            return True
+        try:
+            async with self._changed:
+                await asyncio.wait_for(self._changed.wait_for(lambda: self.done >= target), timeout_s)
+        except TimeoutError:
+            return False
+        return True
+
+
+TERMINAL_STATES = frozenset({"FINISHED", "FAILED", "CANCELLED"})
+REPLICA_WAIT_MS = 1000  # how long a batch with a terminal write waits for a replica's ack (half timeout_s at most)
+
+
+class ReplicaAcks:
+    """Over a Sentinel set, a batch holding a terminal state is followed by `WAIT 1`: once a replica acked,
+    the record outlives the primary. No ack within REPLICA_WAIT_MS: logged and counted in `unreplicated`
+    (terminal writes on the primary alone); the answer is never held for it."""
+
+    def __init__(self, replicas: int, timeout_s: float) -> None:
+        self.replicas = replicas
+        self.wait_ms = min(REPLICA_WAIT_MS, int(timeout_s * 500))
+        self.unreplicated = 0
+        self._unacked = False
+
+    def terminal_writes(self, batch: list[Write]) -> int:
+        return sum(w.hash_fields.get("state") in TERMINAL_STATES for w in batch) if self.replicas else 0
+
+    def wait(self, terminal: int) -> tuple[int, int] | None:
+        return (self.replicas, self.wait_ms) if terminal else None
+
+    def note(self, acked: object, terminal: int) -> None:
+        if not terminal:
+            return
+        replicated = isinstance(acked, int) and acked >= self.replicas
+        if not replicated:
+            self.unreplicated += terminal
+            if not self._unacked:
+                log.warning("lifecycle store: no replica acknowledged terminal writes within %d ms (WAIT: %s); "
+                            "they are on the primary only until one does", self.wait_ms, acked)
+        elif self._unacked:
+            log.info("lifecycle store: a replica acknowledges terminal writes again")
+        self._unacked = not replicated

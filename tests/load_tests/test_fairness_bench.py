@@ -8,7 +8,15 @@ import math
 
 import pytest
 
-from load_tests.fairness_bench import Ask, add_bench_fairness_args, hung_ask, share_error, summarize
+from load_tests.fairness_bench import (
+    ENGINE_COUNTERS,
+    Ask,
+    Round,
+    add_bench_fairness_args,
+    hung_ask,
+    share_error,
+    summarize,
+)
 
 
 def test_share_error_is_the_largest_relative_gap_to_the_weights_share():
@@ -31,7 +39,8 @@ def test_a_runs_summary_counts_the_light_tenants_ttft_tokens_in_the_window_and_r
     asks = [Ask("light", 0.0, 1.0, 2.0, "ok", 10), Ask("light", 5.0, 8.0, 9.0, "ok", 10),
             Ask("flood", 0.0, 4.0, 6.0, "ok", 30), Ask("flood", 1.0, 12.0, 13.0, "ok", 30),
             Ask("flood", 2.0, None, 12.5, "UNAVAILABLE")]
-    out = summarize(asks, started=0.0, until=10.0, max_queue_s=10)
+    counts = dict.fromkeys(ENGINE_COUNTERS, 0) | {"steps": 40, "prompt_tokens_computed": 60, "generated_tokens": 20}
+    out = summarize([Round(asks, started=0.0, until=10.0, engine=counts)], max_queue_s=10)
     assert out["light_asks"] == 2 and out["light_ttft_p50_s"] == 2.0
     assert out["tokens_by_tenant"] == {"light": 20, "flood": 30}      # the one ending at 13 s is past the window
     assert out["tokens_per_s"] == round(80 / 13.0, 1)
