@@ -45,6 +45,7 @@ def test_sdpa_blend_equals_the_recorded_outputs(sdpa_runner, encode, reference, 
     assert_matches(blend_scenario.run(sdpa_runner, encode, fraction), reference[str(fraction)])
 
 
+@pytest.mark.slow   # a minute in Triton's interpreter (the SDPA path runs in the default suite)
 def test_kernels_blend_equals_the_recorded_outputs(embedded_model_dir, sdpa_runner, encode, reference):
     """In the interpreter, kept short: the first step (no blend in it) is SDPA's, and two decodes follow."""
     pytest.importorskip("triton")

@@ -140,7 +140,7 @@ def test_long_prompt_chunked_prefill_greedy_tokens_equal_transformers_fp32(runne
     torch.testing.assert_close(logits, hf_long[1], atol=1e-3, rtol=0)
 
 
-@pytest.mark.parametrize("which", ["short", "long"])
+@pytest.mark.parametrize("which", ["short", pytest.param("long", marks=pytest.mark.slow)])   # long: half a minute
 def test_bf16_first_token_and_logits_match_transformers_fp32(
     runner_bf16, which, short_ids, long_ids, hf_short, hf_long
 ):

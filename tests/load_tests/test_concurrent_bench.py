@@ -8,6 +8,8 @@ import argparse
 import json
 import random
 
+import pytest
+
 from load_tests.concurrent_bench import SPECIAL_MARGIN, add_bench_concurrent_args, random_prompt, run_bench_concurrent
 
 
@@ -23,6 +25,7 @@ def test_random_prompts_are_new_per_seed_and_avoid_the_special_tokens():
     assert len(first) == 64 and all(SPECIAL_MARGIN <= t < 1000 - SPECIAL_MARGIN for t in first + other)
 
 
+@pytest.mark.slow   # a bench (`bash scripts/test.sh --run-slow`)
 def test_a_burst_on_the_native_engine_serves_every_prompt(tmp_path, embedded_model_dir, capsys):
     out = tmp_path / "concurrent.json"
     args = _args("--engine", "native", "--concurrency", "3", "--prompt-tokens", "40", "--seeds", "0,1",

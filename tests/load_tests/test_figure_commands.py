@@ -67,27 +67,30 @@ FIGURES = [
            needs=("passages",)),
     Figure("blend", ("--parts", "anns", "--trace", "{trace}", "--max-queries", "2", "--qps", "4", "--seeds", "0",
                      "--dtype", "float32"),
-           ("anns", "anns_p95_speedup_exact", "anns_p95_speedup_blend"), needs=("trace",)),
+           ("anns", "anns_p95_speedup_exact", "anns_p95_speedup_blend"), slow=True, needs=("trace",)),
     Figure("ingest", ("--source", "{site}", "--base-files", "3", "--ingest-files", "2", "--idle-s", "1",
                       "--embed-passages", "5", "--seeds", "0"),
            ("embed_passages_per_s", "insert_to_searchable_p99_s", "recall_at_10_after_churn", "search_p99_ms_idle",
-            "search_p99_ms_ingesting", "runs"), needs=("site",)),
+            "search_p99_ms_ingesting", "runs"), slow=True, needs=("site",)),
     Figure("disagg", ("--rates", "2", "--requests", "2", "--chunks", "2", "--chunk-words", "20", "--chunk-gap-s",
                       "0.05", "--max-tokens", "4", "--idle-probes", "1", "--seeds", "0", "--dtype", "float32",
                       "--raw", "{tmp}/disagg-raw.json"),
-           ("rows", "idle", "targets", "workload")),
+           ("rows", "idle", "targets", "workload"), slow=True),
+    Figure("fairness", ("--duration", "5", "--flood-users", "2", "--think-s", "0.5", "--prompt-tokens", "32",
+                        "--max-tokens", "2", "--max-queue-s", "10", "--seeds", "0"),
+           ("light_ttft_p95_solo_s", "light_ttft_p95_fcfs_s", "light_ttft_p95_fair_s", "throughput_fair_over_fcfs",
+            "tokens_per_step_fair_over_fcfs", "share_error", "rejected", "hung")),
     Figure("fairness", ("--duration", "5", "--flood-users", "2", "--think-s", "0.5", "--prompt-tokens", "32",
                         "--max-tokens", "2", "--max-queue-s", "10", "--seeds", "0", "--overload", "--overload-s", "3",
                         "--overload-queue-s", "2", "--fleet", "--fleet-s", "5", "--fleet-rpm", "6"),
-           ("light_ttft_p95_solo_s", "light_ttft_p95_fcfs_s", "light_ttft_p95_fair_s", "throughput_fair_over_fcfs",
-            "tokens_per_step_fair_over_fcfs", "share_error", "rejected", "hung", "overload", "fleet_limit_rate_error")),
+           ("light_ttft_p95_solo_s", "overload", "fleet_limit_rate_error"), slow=True),
     Figure("embed", ("--passages", "20", "--queries", "4", "--runs", "1", "--batch", "8", "--options", "torch-fp32"),
            ("machine", "options", "passages"), slow=True),
 ]
 
 
 def figure_id(figure: Figure) -> str:
-    part = next((a for a in figure.argv if a in ("cross", "anns")), "")
+    part = next((a for a in figure.argv if a in ("cross", "anns")), "overload" if "--overload" in figure.argv else "")
     return f"{figure.bench}-{part}" if part else figure.bench
 
 

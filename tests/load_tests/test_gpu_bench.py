@@ -22,6 +22,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.timeout(600)   # the kernels in Triton's interpreter: minutes on a loaded 2-core machine
+@pytest.mark.slow   # a minute in Triton's interpreter; scripts/gpu_check.sh --dry-run runs it too
 def test_bench_gpu_dry_run_writes_the_contract_keys(tmp_path):
     out = tmp_path / "gpu.json"
     env = {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"}

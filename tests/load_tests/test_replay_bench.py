@@ -63,6 +63,7 @@ def test_helpers() -> None:
     assert configs[1]["speedup_vs_nonstreaming"] == {"p50": 1.0, "p95": 1.0, "p99": 1.0}
 
 
+@pytest.mark.slow   # half a minute of a bench (`bash scripts/test.sh --run-slow`)
 def test_tiny_replay(tmp_path: Path, embedded_model_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
     trace = tiny_trace(tmp_path / "tiny.jsonl")
     assert len(read_trace(trace).queries) == 2 * QUERIES_PER_WORKLOAD

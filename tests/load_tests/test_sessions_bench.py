@@ -9,6 +9,8 @@ import argparse
 import json
 import random
 
+import pytest
+
 from load_tests.sessions.summary import METRICS, format_table
 from load_tests.sessions.workload import LogFeed, log_lines
 from load_tests.sessions_bench import add_bench_sessions_args, run_bench_sessions
@@ -24,6 +26,7 @@ def test_the_log_is_deterministic_per_seed_and_segments_add_up_to_about_the_aske
     assert abs(sum(n for _, n in segments) - 300) <= max(n for _, n in segments)
 
 
+@pytest.mark.slow   # half a minute of a bench (`bash scripts/test.sh --run-slow`)
 def test_bench_sessions_on_two_small_points(tmp_path, embedded_model_dir, capsys):
     parser = argparse.ArgumentParser()
     add_bench_sessions_args(parser)

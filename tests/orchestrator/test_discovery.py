@@ -213,6 +213,7 @@ def test_an_orchestrator_starts_on_a_name_with_no_address(tmp_path, caplog):
         redis.stop()
 
 
+@pytest.mark.slow   # a replica drained mid-answer (`bash scripts/test.sh --run-slow`)
 def test_an_answer_on_a_replica_removed_then_gone_continues_on_the_other(replicas_behind_a_name):
     """Removed from the name mid-answer, the replica keeps its answer (drained, not cut); when the
     replica itself then goes away, the answer continues on the replica left behind the name."""

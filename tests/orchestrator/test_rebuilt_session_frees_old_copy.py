@@ -31,6 +31,7 @@ def all_free(stats: inference_pb2.EngineStats) -> bool:
 
 
 @pytest.mark.timeout(900)   # replicas load a model at every start
+@pytest.mark.slow   # half a minute (`bash scripts/test.sh --run-slow`)
 def test_a_session_rebuilt_after_sigstop_is_closed_on_the_old_replica_once_it_resumes(embedded_model_dir,
                                                                                      tmp_path, stopper):
     redis_server = PrivateRedis(tmp_path)

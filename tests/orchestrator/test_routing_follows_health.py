@@ -101,6 +101,7 @@ def errors(events: list) -> list[str]:
 
 
 @pytest.mark.timeout(900)   # replicas load a model at every start
+@pytest.mark.slow   # about a minute of kills and restarts (`bash scripts/test.sh --run-slow`)
 def test_a_replica_killed_and_started_again_serves_the_next_ask_every_time(embedded_model_dir, tmp_path, stopper):
     redis_server = PrivateRedis(tmp_path)
     stopper.append(redis_server)
@@ -118,6 +119,7 @@ def test_a_replica_killed_and_started_again_serves_the_next_ask_every_time(embed
 
 
 @pytest.mark.timeout(900)   # replicas load a model at every start
+@pytest.mark.slow   # about a minute of kills and restarts (`bash scripts/test.sh --run-slow`)
 def test_a_retriever_killed_and_started_again_serves_the_next_ask_every_time(embedded_model_dir, tmp_path,
                                                                              stopper):
     redis_server = PrivateRedis(tmp_path)

@@ -215,6 +215,7 @@ def test_twenty_concurrent_mixed_streams_complete_correctly(inference):
     inference.wait_until_all_blocks_free()
 
 
+@pytest.mark.slow   # a minute of a deliberately long step (`bash scripts/test.sh --run-slow`)
 def test_get_stats_answers_while_a_long_step_runs(embedded_model_dir):
     """Routers poll GetStats with short deadlines: it must not wait for the engine's step."""
     service = RunningInference(embedded_model_dir, kv_device_blocks=512, token_budget=8192, dtype="bfloat16")

@@ -82,6 +82,7 @@ def wait_gone(pid: int, seconds: float = 30) -> None:
         time.sleep(0.1)
 
 
+@pytest.mark.slow   # a whole stack (`bash scripts/test.sh --run-slow`)
 def test_up_status_ask_up_on_a_partly_down_stack_and_down(tiny_index: Path, tmp_path: Path, run_dir: Path):
     index = tmp_path / "index"
     up_args = ["up", "--run-dir", str(run_dir), "--free-ports", "--replicas", "1",
@@ -141,6 +142,7 @@ def test_up_status_ask_up_on_a_partly_down_stack_and_down(tiny_index: Path, tmp_
     assert streamrag("status", "--run-dir", str(run_dir)).returncode == 1
 
 
+@pytest.mark.slow   # a whole stack with kills (`bash scripts/test.sh --run-slow`)
 def test_killed_services_come_back_and_are_used_again(tiny_index: Path, run_dir: Path):
     up_tiny_stack(run_dir, tiny_index)
     before = services_of(run_dir)
@@ -241,6 +243,7 @@ def linger_in_time_wait(port: int, host: str = "127.0.0.1") -> None:
     client.close()
 
 
+@pytest.mark.slow   # a whole stack twice (`bash scripts/test.sh --run-slow`)
 def test_down_then_up_at_once_on_the_same_ports(tiny_index: Path, run_dir: Path):
     offset = free_port_offset(tiny_index)
     up_args_ = ["up", "--run-dir", str(run_dir), "--port-offset", str(offset), "--replicas", "1",
