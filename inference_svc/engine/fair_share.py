@@ -18,10 +18,9 @@ another's share, and one that asks little is served as soon as it asks:
 
 `FairSharePolicy` wraps a policy (policies.py): decoding requests keep the policy's order, first (a
 decode is one token a step, and VTC lets an admitted request run: a tenant's answer is never held
-behind another tenant's prefill once it streams). Every other request is ordered per tenant: the
-tenant's prefills already begun first (its own prefills are not interleaved chunk by chunk, which
-would put their first tokens at the later one's), then the rest by the policy, then by `priority` (a
-stable sort, lower first); and the tenants' queues are merged by counter, each step: the next request
+behind another tenant's prefill once it streams). Every other request is ordered per tenant by the
+policy (today's fcfs, lcas, mcps or k-LPM), then by `priority` (a stable sort, lower first); and the
+tenants' queues are merged by counter, each step: the next request
 is the head of the queue whose counter, with the requests already placed before it charged at their
 pending tokens, is smallest. So a light tenant's new request goes before a flood's prefills in
 progress, and the two take turns only while their counters are level. With one tenant the order is
@@ -94,14 +93,6 @@ def _decoding(request) -> bool:
     return decoding if decoding is not None else getattr(request, "state", None) is RequestState.RUNNING
 
 
-def _prefill_begun(request) -> bool:
-    """Holding KV, its prompt complete, and chosen for a step before (a session's query holds KV from its
-    fork on, before any step chose it)."""
-    stats = getattr(request, "stats", None)
-    return (getattr(request, "state", None) is RequestState.RUNNING and getattr(request, "context_complete", True)
-            and (stats is None or stats.first_scheduled_time is not None))
-
-
 def _pending(request) -> int:
     pending = getattr(request, "num_schedulable_tokens", None)
     if pending is None:
@@ -136,12 +127,9 @@ class FairSharePolicy:
         for request in ranked:
             if not _decoding(request):
                 queues.setdefault(request.tenant, []).append(request)
-        for tenant, queue in queues.items():
-            begun = [r for r in queue if _prefill_begun(r)]
-            rest = [r for r in queue if not _prefill_begun(r)]
-            if any(r.priority for r in rest):
-                rest.sort(key=_priority)            # stable: the policy's order among equals
-            queues[tenant] = begun + rest
+        for queue in queues.values():
+            if any(r.priority for r in queue):
+                queue.sort(key=_priority)           # stable: the policy's order among equals
         if len(queues) <= 1:
             return running + next(iter(queues.values()), [])
         heap = [(self.counters.counter(tenant), position, tenant) for position, tenant in enumerate(queues)]

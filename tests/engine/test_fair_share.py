@@ -196,14 +196,14 @@ def test_decoding_requests_keep_their_place_and_the_counters_choose_among_the_re
     waiting = [req("b-early", "flood", 2.0), prefilling, streamed, req("b-wait", "flood", 3.0),
                req("a0", "light", 5.0)]
     order = [r.request_id for r in policy.order(decoding + waiting, CTX)]
-    # ... goes first among the flood's own (before b-early, which arrived sooner), not before the light tenant
-    assert order == ["b-dec0", "b-dec1", "a0", "b-pre", "b-early", "b-wait", "b-stream"]
+    # ... keeps the policy's place among the flood's own, after the light tenant's
+    assert order == ["b-dec0", "b-dec1", "a0", "b-early", "b-pre", "b-wait", "b-stream"]
 
 
 def test_a_light_tenants_new_request_does_not_wait_for_a_flood_prefill_in_progress():
     """Prefills are chunked (budget 8): a light tenant's request that arrives while the flood's prefill is
-    under way starts before that prefill ends (the counters choose each step); the flood's own requests
-    do not take turns with its prefill in progress."""
+    under way starts before that prefill ends (the counters choose each step); within the flood the policy
+    (fcfs) keeps b1 behind b0."""
     engine = fair_engine(budget=8, max_running=3)
     open_for(engine, "b0", Share("flood"), "a flooding prompt of some thirty tokens or so, long enough " * 2)
     engine.step()                                            # b0's first chunk: its prefill has started
@@ -217,4 +217,4 @@ def test_a_light_tenants_new_request_does_not_wait_for_a_flood_prefill_in_progre
     last = {rid: max(i for i, r in enumerate(prefilled) if r == rid) for rid in ("a0", "b0", "b1")}
     first = {rid: prefilled.index(rid) for rid in ("a0", "b0", "b1")}
     assert first["a0"] < last["b0"]                          # the light request did not wait for b0's end
-    assert first["b1"] > last["b0"]                          # b1 did not interleave with its tenant's b0
+    assert first["b1"] > last["b0"]                          # fcfs within the tenant: b1 after b0
