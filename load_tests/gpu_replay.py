@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from load_tests.runner import positive_float, positive_int, write_json
+from servicekit.stats import percentile
 
 TRACE_DIR = Path(__file__).resolve().parent / "traces" / "paper"
 TRACE_FORMAT = "streamrag-token-trace"
@@ -110,7 +111,7 @@ class TokenTrace:
         tokens = sorted(q.tokens for q in self.queries)
         durations = [q.duration_s for q in self.queries]
         return {"queries": len(self.queries), "tokens_mean": round(sum(tokens) / len(tokens)),
-                "tokens_p50": percentile(tokens, 50), "tokens_p95": percentile(tokens, 95),
+                "tokens_p50": round(percentile(tokens, 50)), "tokens_p95": round(percentile(tokens, 95)),
                 "tokens_max": tokens[-1], "tokens_total": sum(tokens),
                 "chunks_mean": round(sum(len(q.chunks) for q in self.queries) / len(self.queries), 2),
                 "retrieval_mean_s": round(sum(durations) / len(durations), 3),
@@ -221,14 +222,6 @@ def make_traces(out_dir: Path, passages: Path | None, tokenizer: str, say: Calla
 
 
 # --- one replay -----------------------------------------------------------------------------
-
-def percentile(values: Sequence[float], q: float) -> float | None:
-    """The nearest-rank percentile (as the other benches report it); None for no values."""
-    if not values:
-        return None
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, max(0, round(q / 100 * (len(ordered) - 1))))]
-
 
 @dataclass
 class Record:
@@ -354,10 +347,12 @@ def summarize(records: Sequence[Record], seconds: float, counters: Any) -> dict[
     def r3(x: float | None) -> float | None:
         return None if x is None else round(x, 4)
 
+    def p(values: list[float], q: float) -> float | None:   # None, not NaN, when nothing was answered
+        return r3(percentile(values, q)) if values else None
+
     return {"queries": len(records), "answered": len(ttft),
-            "ttft_p50_s": r3(percentile(ttft, 50)), "ttft_p95_s": r3(percentile(ttft, 95)),
-            "ttft_from_arrival_p50_s": r3(percentile(arrival, 50)),
-            "ttft_from_arrival_p95_s": r3(percentile(arrival, 95)),
+            "ttft_p50_s": p(ttft, 50), "ttft_p95_s": p(ttft, 95),
+            "ttft_from_arrival_p50_s": p(arrival, 50), "ttft_from_arrival_p95_s": p(arrival, 95),
             "run_s": round(seconds, 2), "steps": counters.steps,
             "prompt_tokens_computed": counters.prompt_tokens_computed,
             "tokens_invalidated": counters.tokens_invalidated,
