@@ -12,16 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from load_tests.gpu_replay import (
-    PAPER,
-    TRACE_DIR,
-    TokenChunk,
-    TokenQuery,
-    TokenTrace,
-    read_token_trace,
-    write_token_trace,
-)
+from load_tests.gpu_replay import PAPER, TRACE_DIR
 from load_tests.synth.published import PUBLISHED
+from load_tests.token_traces import TokenChunk, TokenQuery, TokenTrace, read_token_trace, write_token_trace
 from streamrag.cli import main
 
 ROOT = Path(__file__).resolve().parents[2]
